@@ -1,0 +1,39 @@
+"""privalign.accounting: exact privacy accounting for private Best-of-N selection.
+
+Pure functions (numpy/scipy only) plus one stateful object, ``PrivacyFilter``. Every epsilon is
+rounded toward the larger value: the accountant never under-reports.
+"""
+
+from .calibration import paper_noise_split, privbon_noise_scale, privitp_noise_scales
+from .filter import (
+    COMPOSITIONS,
+    BudgetExceededError,
+    Privacy,
+    PrivacyFilter,
+    Reservation,
+    admits,
+    charge_amount,
+)
+from .gaussian import (
+    gaussian_mechanism_epsilon,
+    gaussian_mechanism_noise_scale,
+    gaussian_rnm_epsilon,
+    gaussian_rnm_noise_scale,
+)
+from .gumbel import gumbel_epsilon, gumbel_noise_scale
+from .privitp import (
+    default_truncation,
+    itp_lambda,
+    privitp_epsilon2,
+    privitp_epsilon_max,
+    privitp_phase2_terms,
+)
+
+__all__ = [
+    "COMPOSITIONS", "BudgetExceededError", "Privacy", "PrivacyFilter", "Reservation", "admits",
+    "charge_amount", "default_truncation", "gaussian_mechanism_epsilon",
+    "gaussian_mechanism_noise_scale", "gaussian_rnm_epsilon", "gaussian_rnm_noise_scale",
+    "gumbel_epsilon", "gumbel_noise_scale", "itp_lambda", "paper_noise_split",
+    "privbon_noise_scale", "privitp_epsilon2", "privitp_epsilon_max", "privitp_noise_scales",
+    "privitp_phase2_terms",
+]

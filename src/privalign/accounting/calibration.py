@@ -1,0 +1,70 @@
+"""Calibration: the noise that buys a target epsilon, for each mechanism.
+
+* ``privbon_noise_scale``: Gumbel sigma = 2 Delta_r / epsilon (Thm 3.1), or the Gaussian
+  report-noisy-max scale from eq. (26), which depends on n and R_max.
+* ``privitp_noise_scales``: split a per-query worst-case budget epsilon_max between Phase 1
+  (sigma_X, Gaussian mechanism at delta) and Phase 2 (sigma_Z), so that
+  ``privitp_epsilon_max(...) <= epsilon_max``.
+* ``paper_noise_split``: the paper's convention sigma_X = sigma_Z = sigma / 2 (Section 5).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._validation import check_count, check_positive
+from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale
+from .gumbel import gumbel_noise_scale
+from .privitp import default_truncation, privitp_epsilon_max
+
+
+def privbon_noise_scale(epsilon: float, sensitivity: float, *, noise: str = "gumbel",
+                        n: int | None = None, r_max: float | None = None) -> float:
+    """Noise scale for PrivBoN at pure ``epsilon`` (Gaussian noise also needs ``n`` and ``r_max``)."""
+    if noise == "gumbel":
+        return gumbel_noise_scale(epsilon, sensitivity)
+    if noise == "gaussian":
+        if n is None or r_max is None:
+            raise ValueError("noise='gaussian' needs n and r_max: its epsilon depends on both (App. E)")
+        return gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n)
+    raise ValueError(f"noise must be 'gumbel' or 'gaussian', got {noise!r}")
+
+
+def paper_noise_split(sigma: float) -> tuple[float, float]:
+    """(sigma_X, sigma_Z) = (sigma/2, sigma/2), the paper's equal split of a total noise sigma."""
+    s = check_positive("sigma", sigma)
+    return s / 2, s / 2
+
+
+def privitp_noise_scales(epsilon_max: float, delta: float, n: int, beta: float, sensitivity: float,
+                         r_max: float, truncation: float | None = None,
+                         phase1_fraction: float = 0.5) -> tuple[float, float]:
+    """(sigma_X, sigma_Z) whose PrivITP worst case per query is at most ``epsilon_max``.
+
+    Phase 1 gets ``phase1_fraction * epsilon_max`` through the exact Gaussian mechanism; sigma_Z is
+    the smallest scale (bisection in log sigma_Z, returned from above) whose Phase-2 worst case
+    fits in the rest.
+    """
+    eps = check_positive("epsilon_max", epsilon_max)
+    if not 0 < phase1_fraction < 1:
+        raise ValueError(f"phase1_fraction must lie in (0, 1), got {phase1_fraction!r}")
+    n = check_count("n", n)
+    L = default_truncation(n) if truncation is None else truncation
+    sigma_x = gaussian_mechanism_noise_scale(phase1_fraction * eps, sensitivity, delta)
+
+    def ok(log_sz: float) -> bool:
+        return privitp_epsilon_max(n, beta, sigma_x, math.exp(log_sz), delta, sensitivity, r_max, L) <= eps
+
+    hi = math.log(sensitivity) + 1.0
+    while not ok(hi):
+        hi += 1.0
+    lo = hi - 1.0
+    while ok(lo):
+        lo -= 1.0
+    while hi - lo > 1e-9:
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return sigma_x, math.exp(hi)

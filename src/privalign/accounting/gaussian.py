@@ -1,0 +1,162 @@
+"""Gaussian noise: the scalar Gaussian mechanism (PrivITP Phase 1) and Gaussian report-noisy-max
+(PrivBoN with ``noise="gaussian"``, paper App. E).
+
+Gaussian mechanism, exact ("analytic", Balle & Wang 2018, Thm 8): releasing f + N(0, s^2) with
+L2 sensitivity Delta is (epsilon, delta)-DP iff
+
+    delta >= Phi(Delta/(2s) - epsilon s/Delta) - e^epsilon Phi(-Delta/(2s) - epsilon s/Delta).
+
+"classic" is the paper's epsilon_1 = Delta sqrt(2 ln(1.25/delta)) / s (Dwork & Roth Thm A.1),
+a valid guarantee only for epsilon <= 1; it raises elsewhere.
+
+Gaussian report-noisy-max over n scores in [0, R_max] (paper eq. (26)):
+
+    epsilon = log E_z[Phi(z - (R_max - 2 Delta)/sigma)^(n-1)] - log E_z[Phi(z - R_max/sigma)^(n-1)].
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from .._special import log_gaussian_power_mean
+from .._validation import check_count, check_delta, check_positive
+from ._rounding import margin_up
+
+_METHODS = ("analytic", "classic")
+
+
+def _check_method(method: str) -> str:
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    return method
+
+
+def _log_delta_analytic(eps: float, s: float, delta_r: float) -> float:
+    """log of the smallest delta for which N(0, s^2) noise is (eps, delta)-DP (Balle & Wang)."""
+    a = delta_r / (2 * s)
+    b = eps * s / delta_r
+    l1 = float(special.log_ndtr(a - b))
+    l2 = eps + float(special.log_ndtr(-a - b))
+    if l2 >= l1:
+        return -math.inf
+    return l1 + math.log(-math.expm1(l2 - l1))
+
+
+def _bisect_up(pred, lo: float, hi: float, rel_tol: float = 1e-14) -> float:
+    """Smallest x in (lo, hi] with pred(x) true, returned from above (pred(hi) must hold)."""
+    for _ in range(400):
+        if hi - lo <= rel_tol * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def gaussian_mechanism_epsilon(noise_scale: float, sensitivity: float, delta: float,
+                               method: str = "analytic") -> float:
+    """epsilon of the Gaussian mechanism with std ``noise_scale`` at the given ``delta``."""
+    s = check_positive("noise_scale", noise_scale)
+    delta_r = check_positive("sensitivity", sensitivity)
+    delta = check_delta(delta)
+    if _check_method(method) == "classic":
+        eps = delta_r * math.sqrt(2 * math.log(1.25 / delta)) / s
+        if eps > 1:
+            raise ValueError(
+                f"method='classic' gives epsilon={eps:.4g} > 1, where Dwork & Roth's bound is not a "
+                "valid guarantee; use method='analytic' or more noise"
+            )
+        return margin_up(eps)
+    log_target = math.log(delta)
+    if _log_delta_analytic(0.0, s, delta_r) <= log_target:
+        return 0.0
+
+    def ok(eps):
+        return _log_delta_analytic(eps, s, delta_r) <= log_target
+
+    hi = 1.0
+    while not ok(hi):
+        hi *= 2
+    return margin_up(_bisect_up(ok, 0.0, hi))
+
+
+def gaussian_mechanism_noise_scale(epsilon: float, sensitivity: float, delta: float,
+                                   method: str = "analytic") -> float:
+    """Smallest Gaussian std giving (epsilon, delta)-DP for a query of the given sensitivity."""
+    eps = check_positive("epsilon", epsilon)
+    delta_r = check_positive("sensitivity", sensitivity)
+    delta = check_delta(delta)
+    if _check_method(method) == "classic":
+        if eps > 1:
+            raise ValueError(
+                f"method='classic' is only a valid guarantee for epsilon <= 1, got epsilon={epsilon!r}; "
+                "use method='analytic'"
+            )
+        return margin_up(delta_r * math.sqrt(2 * math.log(1.25 / delta)) / eps)
+    log_target = math.log(delta)
+
+    def ok(s):
+        return _log_delta_analytic(eps, s, delta_r) <= log_target
+
+    hi = delta_r
+    while not ok(hi):
+        hi *= 2
+    lo = hi / 2
+    while ok(lo) and lo > 1e-300:
+        lo /= 2
+    return margin_up(_bisect_up(ok, lo, hi))
+
+
+def _check_rnm(sensitivity, r_max, n):
+    delta_r = check_positive("sensitivity", sensitivity)
+    r_max = check_positive("r_max", r_max)
+    if delta_r > r_max:
+        raise ValueError(f"sensitivity must not exceed r_max={r_max!r}, got {sensitivity!r}")
+    return delta_r, r_max, check_count("n", n)
+
+
+def _rnm_epsilon_raw(sigma: float, delta_r: float, r_max: float, n: int) -> float:
+    return (log_gaussian_power_mean((r_max - 2 * delta_r) / sigma, n - 1)
+            - log_gaussian_power_mean(r_max / sigma, n - 1))
+
+
+def gaussian_rnm_epsilon(noise_scale: float, sensitivity: float, r_max: float, n: int) -> float:
+    """Pure epsilon of Gaussian report-noisy-max over ``n`` scores in [0, r_max] (eq. (26))."""
+    sigma = check_positive("noise_scale", noise_scale)
+    delta_r, r_max, n = _check_rnm(sensitivity, r_max, n)
+    return margin_up(max(_rnm_epsilon_raw(sigma, delta_r, r_max, n), 0.0))
+
+
+def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n: int) -> float:
+    """Smallest Gaussian std for which report-noisy-max over ``n`` scores is ``epsilon``-DP.
+
+    epsilon(sigma) decreases in sigma; we bisect in log sigma and return the upper end.
+    """
+    eps = check_positive("epsilon", epsilon)
+    delta_r, r_max, n = _check_rnm(sensitivity, r_max, n)
+    if n == 1:
+        return 0.0 + np.finfo(float).tiny  # one candidate: selection reveals nothing
+
+    def ok(log_s):
+        return margin_up(_rnm_epsilon_raw(math.exp(log_s), delta_r, r_max, n)) <= eps
+
+    hi = math.log(2 * delta_r / eps) + 1.0
+    while not ok(hi):
+        hi += 1.0
+    lo = hi - 1.0
+    while ok(lo):
+        lo -= 1.0
+    for _ in range(200):
+        if hi - lo <= 1e-13:
+            break
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)

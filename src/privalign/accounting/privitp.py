@@ -1,0 +1,174 @@
+"""PrivITP accounting (paper Thm 4.1 and Alg. 2, with the SPEC's fixes).
+
+Phase 1 releases lambda~ = lambda + N(0, sigma_X^2): a Gaussian mechanism with sensitivity Delta_r
+(``itp_lambda`` computes lambda exactly). Phase 2 is pure ex-post DP. With
+b = R_max + sigma_Z L - lambda~ (beta cancels) and u ~ Uniform[0, 1]:
+
+    kappa(lambda~)  = log E_u Phi((lambda~ + b u - R_max + Delta)/sigma_Z) - log E_u Phi((lambda~ + b u - R_max)/sigma_Z)
+    accept(lambda~) = log E_u Phi((Delta - lambda~ - b u)/sigma_Z)         - log E_u Phi((-lambda~ - b u)/sigma_Z)
+    epsilon_2^post(t) = (t - 1) kappa + accept,   epsilon_2^post(fallback) = n kappa.
+
+Writing tau = lambda~ + b u, tau is uniform on [lambda~, R_max + sigma_Z L], whose right end does not
+move with lambda~. Since Phi is log-concave, kappa is a ratio of averages of a decreasing likelihood
+ratio, so kappa is non-increasing in lambda~, and accept (an increasing ratio) is non-decreasing.
+``privitp_epsilon_max`` uses this to bound the worst case rigorously from above.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._special import log_mean_ndtr
+from .._validation import check_count, check_delta, check_nonnegative, check_positive, check_rewards
+from ._rounding import margin_up
+from .gaussian import gaussian_mechanism_epsilon
+
+
+def itp_lambda(rewards, beta: float) -> float:
+    """Solve (1/n) sum_i relu((r_i - lambda)/beta) = 1 exactly (Huang et al. 2025).
+
+    f(lambda) = sum_i relu(r_i - lambda) is convex, decreasing and piecewise linear, and the
+    root lies in [mean(r) - beta, max(r) - beta]. Newton's method started at mean(r) - beta
+    (left of the root) increases monotonically and stops exactly once the set of active
+    candidates {r_i > lambda} no longer changes; each step is O(n). After 64 steps (rare
+    adversarial inputs) it falls back to the O(n log n) sorted solution.
+    """
+    r = check_rewards(rewards)
+    beta = check_positive("beta", beta)
+    n = r.size
+    target = n * beta
+    lam = float(r.mean()) - beta
+    prev_k = -1
+    for _ in range(64):
+        active = r > lam
+        k = int(np.count_nonzero(active))
+        if k == prev_k:  # lambda only grows, so an unchanged count means an unchanged active set
+            return _polish(r, lam, target)
+        lam = (float(r[active].sum()) - target) / k
+        prev_k = k
+    return _lambda_sorted(r, target)
+
+
+def _polish(r: np.ndarray, lam: float, target: float) -> float:
+    """One more exact Newton step on the final linear piece, computed directly."""
+    active = r > lam
+    return float(lam + (np.maximum(r - lam, 0.0).sum() - target) / np.count_nonzero(active))
+
+
+def _lambda_sorted(r: np.ndarray, target: float) -> float:
+    s = np.sort(r)[::-1]
+    csum = np.cumsum(s)
+    k = np.arange(1, s.size + 1)
+    nxt = np.append(s[1:], -np.inf)
+    c = csum - k * nxt  # f evaluated at the next breakpoint, non-decreasing in k
+    kk = int(np.searchsorted(c, target))  # first k with c_k >= target
+    return _polish(r, float((csum[kk] - target) / (kk + 1)), target)
+
+
+def default_truncation(n: int) -> float:
+    """Default truncation L = sqrt(2 ln max(n, 2)) (an O(sqrt(log n)) choice inside the paper's O(log n))."""
+    return math.sqrt(2.0 * math.log(max(check_count("n", n), 2)))
+
+
+def _check_phase2(sigma_z, sensitivity, r_max, truncation):
+    sigma_z = check_positive("sigma_z", sigma_z)
+    delta_r = check_positive("sensitivity", sensitivity)
+    r_max = check_positive("r_max", r_max)
+    if delta_r > r_max:
+        raise ValueError(f"sensitivity must not exceed r_max={r_max!r}, got {sensitivity!r}")
+    return sigma_z, delta_r, r_max, check_nonnegative("truncation", truncation)
+
+
+def _check_lambda_tilde(lambda_tilde, r_max: float) -> np.ndarray:
+    lt = np.asarray(lambda_tilde, dtype=float)
+    if not np.isfinite(lt).all() or (lt > r_max).any():
+        raise ValueError(
+            f"lambda_tilde must be finite and <= r_max={r_max!r} (PrivITP clips it to [-beta, r_max]); "
+            f"got {lambda_tilde!r}"
+        )
+    return lt
+
+
+def _terms(lt: np.ndarray, sigma_z: float, delta_r: float, r_max: float, L: float):
+    b = r_max + sigma_z * L - lt
+    c = b / sigma_z
+    kappa = (log_mean_ndtr((lt - r_max + delta_r) / sigma_z, c)
+             - log_mean_ndtr((lt - r_max) / sigma_z, c))
+    accept = (log_mean_ndtr((delta_r - lt - b) / sigma_z, c)
+              - log_mean_ndtr((-lt - b) / sigma_z, c))
+    return np.maximum(kappa, 0.0), np.maximum(accept, 0.0)
+
+
+def privitp_phase2_terms(lambda_tilde, sigma_z: float, sensitivity: float, r_max: float,
+                         truncation: float):
+    """(kappa, accept) of Thm 4.1 for each lambda~ (vectorised), before rounding up."""
+    sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, truncation)
+    return _terms(_check_lambda_tilde(lambda_tilde, r_max), sigma_z, delta_r, r_max, L)
+
+
+def privitp_epsilon2(t, lambda_tilde, sigma_z: float, sensitivity: float, r_max: float,
+                     truncation: float, n: int | None = None):
+    """Ex-post Phase-2 cost epsilon_2^post: (t - 1) kappa + accept for acceptance at round t,
+    n kappa for the fallback outcome (``t=None``, which needs ``n``). Vectorised over t and
+    lambda~ (broadcasting); rounded up.
+    """
+    sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, truncation)
+    lt = _check_lambda_tilde(lambda_tilde, r_max)
+    kappa, accept = _terms(lt, sigma_z, delta_r, r_max, L)
+    if t is None:
+        if n is None:
+            raise ValueError("n is required when t=None (the fallback outcome costs n * kappa)")
+        return margin_up(check_count("n", n) * kappa)
+    tt = np.asarray(t)
+    if not np.issubdtype(tt.dtype, np.integer) or (tt < 1).any():
+        raise ValueError(f"t must be an integer halting time >= 1 (or None for the fallback), got {t!r}")
+    if n is not None and (tt > n).any():
+        raise ValueError(f"t must not exceed n={n!r}; use t=None for the fallback outcome")
+    return margin_up((tt - 1) * kappa + accept)
+
+
+def _sup_monotone_sum(dec, inc, lo: float, hi: float, rel_tol: float = 1e-10) -> float:
+    """Upper bound on sup_{x in [lo, hi]} dec(x) + inc(x) for dec non-increasing, inc non-decreasing.
+
+    On a cell [x_k, x_{k+1}] the sum is at most dec(x_k) + inc(x_{k+1}); cells whose bound exceeds
+    the best value seen are split until the bound and the best value agree to ``rel_tol``.
+    """
+    xs = np.linspace(lo, hi, 257)
+    best = -math.inf
+    bound = math.inf
+    for _ in range(40):
+        d, i = dec(xs), inc(xs)
+        best = max(best, float(np.max(d + i)))
+        cell_bounds = d[:-1] + i[1:]
+        bound = float(np.max(cell_bounds))
+        if bound - best <= rel_tol * max(abs(best), 1e-300):
+            break
+        keep = np.flatnonzero(cell_bounds > best + rel_tol * abs(best))[:512]
+        xs = np.unique(np.concatenate([np.linspace(xs[k], xs[k + 1], 9) for k in keep]))
+    return bound
+
+
+def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, delta: float,
+                        sensitivity: float, r_max: float, truncation: float | None = None,
+                        method: str = "analytic") -> float:
+    """Worst-case per-query epsilon, known before the query runs (SPEC):
+
+        epsilon_max = epsilon_1 + max over lambda~ in [-beta, R_max] of max(eps_2^post(n), n kappa).
+    """
+    n = check_count("n", n)
+    beta = check_positive("beta", beta)
+    L = default_truncation(n) if truncation is None else truncation
+    sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
+    eps1 = gaussian_mechanism_epsilon(sigma_x, delta_r, check_delta(delta), method=method)
+
+    def kappa(x):
+        return _terms(np.asarray(x), sigma_z, delta_r, r_max, L)[0]
+
+    def accept(x):
+        return _terms(np.asarray(x), sigma_z, delta_r, r_max, L)[1]
+
+    worst_t_n = _sup_monotone_sum(lambda x: (n - 1) * kappa(x), accept, -beta, r_max)
+    worst_fallback = n * float(kappa(np.array([-beta]))[0])  # kappa is non-increasing
+    return margin_up(eps1 + max(worst_t_n, worst_fallback))

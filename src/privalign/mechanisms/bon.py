@@ -1,0 +1,68 @@
+"""Best-of-N and Private Best-of-N (paper Alg. 1, Thm 3.1, App. E)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validation import (
+    as_generator,
+    check_positive,
+    check_rewards,
+    check_sensitivity,
+    prepare_rewards,
+)
+from ..accounting.gaussian import gaussian_rnm_epsilon, gaussian_rnm_noise_scale
+from ..accounting.gumbel import gumbel_epsilon, gumbel_noise_scale
+from .selection import Selection
+
+NOISES = ("gumbel", "gaussian")
+
+
+def bon(rewards, *, rng: np.random.Generator | None = None) -> Selection:
+    """Best-of-N: the argmax of the scores, ties broken uniformly at random. Not private."""
+    r = check_rewards(rewards)
+    best = np.flatnonzero(r == r.max())
+    index = int(best[0]) if best.size == 1 else int(best[as_generator(rng).integers(best.size)])
+    return Selection(index=index, mechanism="bon", epsilon=math.inf, n=r.size)
+
+
+def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None = None,
+            sensitivity: float | None = None, reward_range=(0.0, 1.0), noise: str = "gumbel",
+            rng: np.random.Generator | None = None) -> Selection:
+    """Private Best-of-N: argmax_i r_i + g_i over scores clipped to ``reward_range``.
+
+    * ``noise="gumbel"``: g_i ~ Gumbel(0, sigma); i is drawn with probability softmax(r / sigma)
+      (Gumbel-max). Pure epsilon = 2 Delta_r / sigma (Thm 3.1, the exponential mechanism). The
+      Gumbel variables are drawn as g = -sigma log E with E ~ Exp(1) (same law, 3x faster).
+    * ``noise="gaussian"``: g_i ~ N(0, sigma^2); pure epsilon from App. E eq. (26), depends on n.
+
+    Give exactly one of ``epsilon`` and ``noise_scale``. ``sensitivity=None`` uses the width of
+    ``reward_range`` (always valid).
+    """
+    r, r_max, n_clipped = prepare_rewards(rewards, reward_range)
+    delta_r = check_sensitivity(sensitivity, r_max)
+    if noise not in NOISES:
+        raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
+    if (epsilon is None) == (noise_scale is None):
+        raise ValueError("give exactly one of epsilon and noise_scale, got "
+                         f"epsilon={epsilon!r}, noise_scale={noise_scale!r}")
+    n = r.size
+    if noise == "gumbel":
+        if noise_scale is None:
+            noise_scale = gumbel_noise_scale(epsilon, delta_r)
+        sigma = check_positive("noise_scale", noise_scale)
+        eps = gumbel_epsilon(sigma, delta_r)
+        gen = as_generator(rng)
+        # argmax r_i/sigma + G_i with G_i = -log E_i  <=>  argmin E_i exp(-(r_i - max r)/sigma)
+        with np.errstate(over="ignore"):
+            index = int(np.argmin(gen.standard_exponential(n) * np.exp((r.max() - r) / sigma)))
+    else:
+        if noise_scale is None:
+            noise_scale = gaussian_rnm_noise_scale(epsilon, delta_r, r_max, n)
+        sigma = check_positive("noise_scale", noise_scale)
+        eps = gaussian_rnm_epsilon(sigma, delta_r, r_max, n)
+        index = int(np.argmax(r + sigma * as_generator(rng).standard_normal(n)))
+    return Selection(index=index, mechanism=f"privbon-{noise}", epsilon=eps, n=n,
+                     noise_scale=sigma, n_clipped=n_clipped)
