@@ -16,6 +16,7 @@ Gaussian report-noisy-max over n scores in [0, R_max] (paper eq. (26)):
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -72,6 +73,11 @@ def gaussian_mechanism_epsilon(noise_scale: float, sensitivity: float, delta: fl
                 "valid guarantee; use method='analytic' or more noise"
             )
         return margin_up(eps)
+    return _analytic_epsilon(s, delta_r, delta)
+
+
+@functools.lru_cache(maxsize=4096)
+def _analytic_epsilon(s: float, delta_r: float, delta: float) -> float:
     log_target = math.log(delta)
     if _log_delta_analytic(0.0, s, delta_r) <= log_target:
         return 0.0
@@ -120,6 +126,7 @@ def _check_rnm(sensitivity, r_max, n):
     return delta_r, r_max, check_count("n", n)
 
 
+@functools.lru_cache(maxsize=4096)
 def _rnm_epsilon_raw(sigma: float, delta_r: float, r_max: float, n: int) -> float:
     return (log_gaussian_power_mean((r_max - 2 * delta_r) / sigma, n - 1)
             - log_gaussian_power_mean(r_max / sigma, n - 1))
