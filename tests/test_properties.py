@@ -1,0 +1,103 @@
+"""Property tests (hypothesis): invariances, monotonicity, limits, and the lambda equation."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+import privalign as pa
+import privalign.accounting as A
+from privalign import theory
+
+inner = arrays(float, st.integers(1, 40), elements=st.floats(0.2, 0.7))
+wide = arrays(float, st.integers(1, 300), elements=st.floats(-50, 50))
+FAST = settings(max_examples=60, deadline=None)
+
+
+@FAST
+@given(inner, st.floats(-0.2, 0.3), st.floats(0.01, 3.0))
+def test_shift_inside_range_leaves_bon_and_privbon_laws_unchanged(r, c, sigma):
+    rr = (r + c).clip(0, 1)  # r + c stays in [0, 1] here; clip only guards float rounding
+    assert np.allclose(theory.bon_law(r), theory.bon_law(rr)) or np.ptp(r) < 1e-12
+    assert np.allclose(theory.privbon_law(r, sigma, reward_range=(0, 1)),
+                       theory.privbon_law(rr, sigma, reward_range=(0, 1)), rtol=1e-9, atol=1e-12)
+
+
+@FAST
+@given(inner, st.floats(-0.2, 0.3), st.integers(0, 2**32 - 1))
+def test_shift_leaves_the_sampled_privbon_choice_unchanged(r, c, seed):
+    sigma = 0.2
+    a = pa.privbon(r, noise_scale=sigma, rng=np.random.default_rng(seed)).index
+    b = pa.privbon(r + c, noise_scale=sigma, rng=np.random.default_rng(seed)).index
+    # same noise, shifted scores: the same choice (a flip would need two noisy scores to agree
+    # to within rounding, an event of probability ~1e-15)
+    assert a == b
+
+
+@FAST
+@given(st.floats(1e-3, 10), st.floats(1e-3, 10), st.floats(1e-3, 1.0))
+def test_epsilon_decreases_in_noise_scale(s1, s2, d):
+    lo, hi = sorted((s1, s2))
+    assert A.gumbel_epsilon(lo, d) >= A.gumbel_epsilon(hi, d)
+    assert A.gaussian_mechanism_epsilon(lo, d, 1e-5) >= A.gaussian_mechanism_epsilon(hi, d, 1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(0.05, 3), st.floats(0.05, 3), st.integers(2, 512))
+def test_gaussian_rnm_epsilon_decreases_in_noise_scale(s1, s2, n):
+    lo, hi = sorted((s1, s2))
+    assert A.gaussian_rnm_epsilon(lo, 0.5, 1.0, n) >= A.gaussian_rnm_epsilon(hi, 0.5, 1.0, n)
+
+
+@FAST
+@given(st.floats(0.01, 2), st.floats(0.01, 2), st.floats(-0.1, 1.0), st.integers(1, 64))
+def test_epsilon2_monotone_in_t_and_in_sigma_z(s1, s2, lam, n):
+    L = A.default_truncation(n)
+    t = np.arange(1, n + 1)
+    e = A.privitp_epsilon2(t, lam, s1, 1.0, 1.0, L)
+    assert np.all(np.diff(e) >= 0)
+    assert A.privitp_epsilon2(None, lam, s1, 1.0, 1.0, L, n=n) >= 0
+    lo, hi = sorted((s1, s2))
+    assert np.all(A.privitp_epsilon2(t, lam, lo, 1.0, 1.0, L) >= A.privitp_epsilon2(t, lam, hi, 1.0, 1.0, L))
+
+
+@FAST
+@given(st.floats(0.01, 2), st.integers(1, 4096), st.floats(0.01, 1.0))
+def test_kappa_and_accept_are_monotone_in_lambda_tilde(sigma_z, n, d):
+    # privitp_epsilon_max's rigorous bound relies on these two monotonicities
+    lam = np.linspace(-0.5, 1.0, 301)
+    kappa, accept = A.privitp_phase2_terms(lam, sigma_z, d, 1.0, A.default_truncation(n))
+    assert np.all(np.diff(kappa) <= 1e-12 * (1 + kappa[:-1]))
+    assert np.all(np.diff(accept) >= -1e-12 * (1 + accept[:-1]))
+
+
+@FAST
+@given(arrays(float, st.integers(2, 30), elements=st.floats(0, 1), unique=True), st.integers(0, 2**32 - 1))
+def test_privbon_tends_to_bon_as_noise_vanishes(r, seed):
+    gap = np.min(np.diff(np.sort(r)))
+    if gap < 1e-6:
+        return
+    sigma = gap / 200
+    assert np.allclose(theory.privbon_law(r, sigma), theory.bon_law(r), atol=1e-40 + np.exp(-150))
+    assert pa.privbon(r, noise_scale=sigma, rng=np.random.default_rng(seed)).index == int(np.argmax(r))
+    assert pa.privbon(r, noise_scale=sigma / 10, noise="gaussian",
+                      rng=np.random.default_rng(seed)).index == int(np.argmax(r))
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide, st.floats(1e-6, 100))
+def test_itp_lambda_solves_its_equation_to_machine_precision(r, beta):
+    lam = A.itp_lambda(r, beta)
+    residual = np.mean(np.maximum((r - lam) / beta, 0.0)) - 1.0
+    scale = 1.0 + (np.max(np.abs(r)) + abs(lam)) / beta
+    assert abs(residual) <= 8 * np.finfo(float).eps * scale * np.sqrt(r.size)
+    assert r.mean() - beta - 1e-9 * scale * beta <= lam <= r.max() - beta + 1e-9 * scale * beta
+
+
+def test_itp_lambda_newton_and_sorted_solutions_agree():
+    from privalign.accounting.privitp import _lambda_sorted
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        r = rng.standard_normal(rng.integers(1, 500)) ** 3
+        beta = 10 ** rng.uniform(-4, 1)
+        assert np.isclose(A.itp_lambda(r, beta), _lambda_sorted(r, r.size * beta), rtol=1e-12, atol=1e-12)
