@@ -92,8 +92,11 @@ def prepare_rewards(rewards, reward_range, name: str = "rewards") -> tuple[np.nd
     """
     lo, hi = check_reward_range(reward_range)
     r = check_rewards(rewards, name)
-    clipped = np.clip(r, lo, hi)
-    return clipped - lo, hi - lo, int(np.count_nonzero(clipped != r))
+    n_clipped = 0
+    if r.min() < lo or r.max() > hi:
+        n_clipped = int(np.count_nonzero((r < lo) | (r > hi)))
+        r = np.clip(r, lo, hi)
+    return (r - lo if lo != 0 else r), hi - lo, n_clipped
 
 
 def as_generator(rng) -> np.random.Generator:

@@ -54,10 +54,9 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
             noise_scale = gumbel_noise_scale(epsilon, delta_r)
         sigma = check_positive("noise_scale", noise_scale)
         eps = gumbel_epsilon(sigma, delta_r)
-        gen = as_generator(rng)
-        # argmax r_i/sigma + G_i with G_i = -log E_i  <=>  argmin E_i exp(-(r_i - max r)/sigma)
-        with np.errstate(over="ignore"):
-            index = int(np.argmin(gen.standard_exponential(n) * np.exp((r.max() - r) / sigma)))
+        # argmax_i r_i/sigma + G_i with Gumbel G_i = -log E_i, E_i ~ Exp(1)
+        gumbel = np.log(as_generator(rng).standard_exponential(n))
+        index = int(np.argmax(np.subtract(r * (1.0 / sigma), gumbel, out=gumbel)))
     else:
         if noise_scale is None:
             noise_scale = gaussian_rnm_noise_scale(epsilon, delta_r, r_max, n)

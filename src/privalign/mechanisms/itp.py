@@ -19,17 +19,19 @@ from .._validation import (
 )
 from ..accounting._rounding import ulp_up
 from ..accounting.gaussian import gaussian_mechanism_epsilon
-from ..accounting.privitp import default_truncation, itp_lambda, privitp_epsilon2
+from ..accounting.privitp import default_truncation, privitp_epsilon2, solve_itp_lambda
 from .selection import Selection
 
 
-def _first_acceptance(probs: np.ndarray, gen: np.random.Generator) -> int | None:
-    """Sequential rejection sampling: the first i with U_i < probs[i] (uniforms drawn in growing
-    chunks, which has exactly the law of one uniform per round). ``None`` if none is accepted."""
+def _first_acceptance(r: np.ndarray, lam: float, scale: float, gen: np.random.Generator) -> int | None:
+    """Sequential rejection sampling with acceptance probabilities min(relu(r_i - lam)/scale, 1):
+    the first i with U_i < p_i. Probabilities and uniforms are computed in growing chunks, which
+    has exactly the law of one uniform per round. ``None`` if no candidate is accepted."""
     start, chunk = 0, 32
-    while start < probs.size:
-        stop = min(start + chunk, probs.size)
-        hits = np.flatnonzero(gen.random(stop - start) < probs[start:stop])
+    while start < r.size:
+        stop = min(start + chunk, r.size)
+        p = (r[start:stop] - lam) / scale
+        hits = np.flatnonzero(gen.random(stop - start) < p)
         if hits.size:
             return start + int(hits[0])
         start, chunk = stop, chunk * 4
@@ -46,9 +48,9 @@ def itp(rewards, *, beta: float, reward_range=(0.0, 1.0),
     """
     r, r_max, n_clipped = prepare_rewards(rewards, reward_range)
     beta = check_positive("beta", beta)
-    lam = itp_lambda(r, beta)  # lam <= max(r) - beta < R_max, so M > 0
-    probs = np.minimum(np.maximum(r - lam, 0.0) / (r_max - lam), 1.0)
-    hit = _first_acceptance(probs, as_generator(rng))
+    lam = solve_itp_lambda(r, beta)  # lam <= max(r) - beta < R_max, so M > 0
+    # w_i / M = (r_i - lam)/(R_max - lam) <= 1; a negative value never beats a uniform
+    hit = _first_acceptance(r, lam, r_max - lam, as_generator(rng))
     n = r.size
     return Selection(index=hit, mechanism="itp", epsilon=math.inf, fallback=hit is None,
                      halting_time=n + 1 if hit is None else hit + 1, n=n, lambda_=lam,
@@ -103,7 +105,7 @@ def privitp(phase1_rewards, phase2, *, beta: float, sigma_x: float, sigma_z: flo
     reward_of = _phase2_source(phase2, n, lo, hi)
     gen = as_generator(rng)
 
-    lam = itp_lambda(r1, beta)
+    lam = solve_itp_lambda(r1, beta)
     lam_t = min(max(lam + sigma_x * gen.standard_normal(), -beta), r_max)
     b = r_max + sigma_z * L - lam_t  # = beta * M
     hit = None
