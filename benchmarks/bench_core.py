@@ -24,12 +24,12 @@ import privalign as pa
 import privalign.accounting as A
 
 
-def rate(fn, min_time=1.0):
-    """Calls per second of fn(), timed over at least min_time seconds (best of 3 rounds)."""
+def rate(fn, min_time=0.3, rounds=7):
+    """Calls per second of fn(): the best of ``rounds`` rounds of at least ``min_time`` seconds each."""
     best = 0.0
-    for _ in range(3):
+    for _ in range(rounds):
         count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < min_time / 3:
+        while (elapsed := time.perf_counter() - start) < min_time:
             fn()
             count += 1
         best = max(best, count / elapsed)
