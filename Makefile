@@ -9,11 +9,12 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[experiments,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m privalign demo
+	$(BIN)/privalign demo
+	$(BIN)/privalign reproduce --out results/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

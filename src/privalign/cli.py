@@ -1,0 +1,209 @@
+"""The ``privalign`` command line: a thin shell over the library (typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Differentially private inference-time alignment: mechanisms, experiments, reports.")
+pool_app = typer.Typer(no_args_is_help=True, help="Inspect and validate response pools.")
+app.add_typer(pool_app, name="pool")
+console = Console(stderr=True)
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers; 'a,b,c,...,z' continues the sequence up to z.
+
+    The numbers before '...' decide: with three or more, their pattern (geometric or arithmetic);
+    with two, geometric when b is a whole multiple (> 1) of a, e.g. '1,2,...,4096' = powers of 2.
+    """
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        if "..." not in parts:
+            return tuple(int(p) for p in parts)
+        i = parts.index("...")
+        if i < 2 or i != len(parts) - 2:
+            raise ValueError
+        head, z = [int(p) for p in parts[:i]], int(parts[-1])
+    except ValueError:
+        raise typer.BadParameter(f"expected integers like '1,2,4,...,4096', got {text!r}") from None
+    a, b = head[-2], head[-1]
+    ratios_ok = all(y == x * (b // a) for x, y in zip(head, head[1:])) if a > 0 and b % a == 0 else False
+    geometric = a > 0 and b > a and b % a == 0 and ratios_ok
+    seq, v = list(head), b
+    while True:
+        v = v * (b // a) if geometric else v + (b - a)
+        if v > z or (not geometric and b <= a):
+            break
+        seq.append(v)
+    return tuple(seq)
+
+
+def _progress():
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+
+
+def _fail(message: str):
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def demo():
+    """Print a worked example: each mechanism's choice and privacy cost, and a budget filter."""
+    from .demo import worked_example
+
+    print(worked_example())
+
+
+@app.command()
+def simulate(world: str = typer.Argument(..., help="gaussian or hackable"),
+             prompts: int = typer.Option(100, help="number of prompts"),
+             samples: int = typer.Option(1000, help="responses per prompt"),
+             seed: int = typer.Option(0),
+             out: Path = typer.Option(..., help="output Parquet file"),
+             base_accuracy: float = typer.Option(0.3, help="true accuracy (gaussian: every prompt's; hackable: mean)"),
+             reward_noise: float = typer.Option(0.5, help="gaussian: std of the proxy's error"),
+             concentration: float = typer.Option(4.0, help="hackable: Beta concentration of per-prompt accuracy"),
+             margin: float = typer.Option(1.0, help="hackable: proxy shift of correct answers"),
+             correct_noise: float = typer.Option(0.2, help="hackable: proxy error std on correct answers"),
+             wrong_noise: float = typer.Option(0.6, help="hackable: proxy error std on wrong answers")):
+    """Draw a response pool from a simulation world (reproducible from --seed)."""
+    from .simulate import simulate as sim
+
+    opts = ({"base_accuracy": base_accuracy, "reward_noise": reward_noise} if world == "gaussian" else
+            {"base_accuracy": base_accuracy, "concentration": concentration, "margin": margin,
+             "correct_noise": correct_noise, "wrong_noise": wrong_noise})
+    try:
+        pool = sim(world, prompts, samples, seed=seed, **opts)
+    except ValueError as e:
+        _fail(str(e))
+    pool.save(out)
+    console.print(f"wrote {out}: {pool.n_rows} responses, {prompts} prompts ({world} world, seed {seed})")
+
+
+def _load(path: Path):
+    from .pools import PoolError, load_pool
+
+    try:
+        return load_pool(path)
+    except PoolError as e:
+        _fail(str(e))
+
+
+@app.command()
+def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
+             algorithms: str = typer.Option("bon,privbon,itp,privitp",
+                                            help="comma list of bon, privbon, privbon-gaussian, itp, privitp"),
+             n: str = typer.Option("1,2,4,...,4096", help="candidate counts"),
+             replicates: int = typer.Option(50),
+             sigma: float = typer.Option(0.5, help="PrivBoN noise; PrivITP's total noise (sigma_X = sigma_Z = sigma/2)"),
+             beta: float = typer.Option(0.05, help="ITP/PrivITP chi^2 regularisation"),
+             sigma_x: Optional[float] = typer.Option(None, help="PrivITP Phase-1 noise (default sigma/2)"),
+             sigma_z: Optional[float] = typer.Option(None, help="PrivITP Phase-2 noise (default sigma/2)"),
+             truncation: Optional[float] = typer.Option(None, help="PrivITP L (default sqrt(2 ln n))"),
+             delta: float = typer.Option(1e-2, help="PrivITP Phase-1 delta"),
+             reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's first)"),
+             normalisation: str = typer.Option("none", help="none, global or per-prompt z-scores"),
+             reward_range: Optional[str] = typer.Option(None, help="declared 'lo,hi' (default: observed min,max)"),
+             without_replacement: bool = typer.Option(False, help="draw candidates without replacement"),
+             estimator: str = typer.Option("exact", help="exact (selection laws) or mc (one draw per replicate)"),
+             seed: int = typer.Option(0),
+             out: Path = typer.Option(..., help="results directory")):
+    """Replay selection algorithms on bootstrap replicates of a pool; write tables, figures, report."""
+    from .evaluation import EvalSettings
+    from .evaluation.suite import run_evaluate
+
+    p = _load(pool)
+    rr = None
+    if reward_range:
+        try:
+            lo, hi = (float(v) for v in reward_range.split(","))
+            rr = (lo, hi)
+        except ValueError:
+            _fail(f"--reward-range must be 'lo,hi', got {reward_range!r}")
+    try:
+        settings = EvalSettings(algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
+                                n_grid=parse_int_list(n), replicates=replicates, sigma=sigma, beta=beta,
+                                sigma_x=sigma_x, sigma_z=sigma_z, truncation=truncation, delta=delta,
+                                reward=reward, normalisation=normalisation, reward_range=rr,
+                                replace=not without_replacement, estimator=estimator, seed=seed).check()
+    except ValueError as e:
+        _fail(str(e))
+    with _progress() as bar:
+        task = bar.add_task("prompts", total=None)
+        run_evaluate(p, settings, out, pool_path=pool,
+                     progress=lambda name, done, total: bar.update(task, completed=done, total=total))
+    console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html")
+
+
+@app.command()
+def report(results: Path = typer.Argument(..., help="results directory")):
+    """Render RESULTS/report.html: one self-contained page with every figure and table."""
+    from .report.html import render
+
+    try:
+        path = render(results)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    console.print(f"wrote {path}")
+
+
+@app.command()
+def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded simulation pool)"),
+              replicates: int = typer.Option(50),
+              n: str = typer.Option("1,2,4,...,4096", help="candidate counts of the main curves"),
+              seed: int = typer.Option(0),
+              out: Path = typer.Option(..., help="results directory")):
+    """The paper's experiment suite: ablations, main curves, ITP vs PrivITP, FSRC, budget table."""
+    from .evaluation import EvalSettings
+    from .evaluation.suite import run_reproduce
+
+    p = _load(pool) if pool else None
+    settings = EvalSettings(replicates=replicates, n_grid=parse_int_list(n), seed=seed)
+    with _progress() as bar:
+        task = bar.add_task("experiments", total=7)
+        run_reproduce(out, p, pool, settings=settings,
+                      progress=lambda name, done, total: bar.update(task, completed=done, total=total,
+                                                                     description=name))
+    console.print(f"wrote {out} (open {out}/report.html)")
+
+
+@pool_app.command("info")
+def pool_info(pool: Path):
+    """Print what a pool holds."""
+    print(json.dumps(_load(pool).info(), indent=2, default=str))
+
+
+@pool_app.command("validate")
+def pool_validate(pool: Path):
+    """Check a pool; exit 1 with the offending rows named if it is malformed."""
+    from .pools import load_pool
+
+    try:
+        p = load_pool(pool, validate=False)
+    except Exception as e:  # unreadable file
+        _fail(str(e))
+    problems = p.problems()
+    if problems:
+        console.print(f"[red]{pool} is invalid:[/red]")
+        for line in problems:
+            console.print(f"  - {line}")
+        raise typer.Exit(1)
+    console.print(f"{pool}: valid ({p.n_rows} responses, {len(p.reward_names)} reward column(s))")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

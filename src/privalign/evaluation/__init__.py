@@ -1,0 +1,5 @@
+"""Offline experiments on response pools: the harness and the paper's experiment suite."""
+
+from .harness import ALGORITHMS, DEFAULT_N_GRID, METRICS, EvalResult, EvalSettings, evaluate
+
+__all__ = ["ALGORITHMS", "DEFAULT_N_GRID", "METRICS", "EvalResult", "EvalSettings", "evaluate"]

@@ -1,0 +1,296 @@
+"""The evaluation harness: replay selection algorithms on bootstrap replicates drawn from a pool.
+
+Per prompt, per n, per algorithm, each of ``replicates`` replicates draws n candidates from the
+prompt's pool (PrivITP: two independent batches), with replacement by default. Per-prompt metrics
+are means over replicates; the summary reports their mean and standard error across prompts.
+
+Estimators
+    ``"exact"`` (default): the exact selection law of each mechanism given its candidates
+    (Rao-Blackwellisation, ``evaluation.laws``). BoN uses its closed form under resampling, i.e.
+    infinitely many replicates. PrivITP's lambda~ is drawn once per replicate and the Phase-2
+    law composed given it.
+    ``"mc"``: plain Monte Carlo. One selection per replicate, made by the real mechanisms in
+    ``privalign.mechanisms``: an independent code path that the tests compare with ``"exact"``.
+
+Metrics, per selection (the fallback counts as a fresh base-policy draw)
+    accuracy      true reward of the chosen response
+    proxy_reward  raw proxy score of the chosen response
+    win_rate      P(proxy(Y) > proxy(Y0)) + P(=)/2 against Y0 from the base policy (the pool)
+    true_win_rate the same with the true reward (the headline metric when it comes from a gold RM)
+    hacking_gap   proxy - true of the chosen response (in the pool's raw units)
+    halting_time  ITP/PrivITP: generations in the (second) phase, n + 1 for the fallback
+    epsilon       privacy spent per query (PrivITP: mean realised ex-post epsilon)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .. import accounting as A
+from .. import mechanisms as M
+from ..pools import GroupedPool
+from . import laws
+
+ALGORITHMS = ("bon", "privbon", "privbon-gaussian", "itp", "privitp")
+NORMALISATIONS = ("none", "global", "per-prompt")
+METRICS = ("accuracy", "proxy_reward", "win_rate", "true_win_rate", "hacking_gap", "halting_time", "epsilon")
+DEFAULT_N_GRID = tuple(2 ** k for k in range(13))
+
+
+@dataclass
+class EvalSettings:
+    algorithms: tuple[str, ...] = ("bon", "privbon", "itp", "privitp")
+    n_grid: tuple[int, ...] = DEFAULT_N_GRID
+    replicates: int = 50
+    sigma: float = 0.5
+    beta: float = 0.05
+    sigma_x: float | None = None   # default sigma / 2 (the paper's split)
+    sigma_z: float | None = None   # default sigma / 2
+    truncation: float | None = None  # default sqrt(2 ln n)
+    delta: float = 1e-2
+    sensitivity: float | None = None  # in units of the range; default 1 (its full width)
+    reward: str | None = None
+    normalisation: str = "none"
+    reward_range: tuple[float, float] | None = None  # default: the normalised rewards' min and max
+    replace: bool = True
+    estimator: str = "exact"
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> "EvalSettings":
+        bad = [a for a in self.algorithms if a not in ALGORITHMS]
+        if bad or not self.algorithms:
+            raise ValueError(f"algorithms must be a non-empty subset of {ALGORITHMS}, got {list(self.algorithms)}")
+        if not self.n_grid or any(int(n) != n or n < 1 for n in self.n_grid):
+            raise ValueError(f"n must be a list of positive integers, got {list(self.n_grid)}")
+        if self.replicates < 1:
+            raise ValueError(f"replicates must be >= 1, got {self.replicates}")
+        for name in ("sigma", "beta", "delta"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not self.delta < 1:
+            raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
+        if self.estimator not in ("exact", "mc"):
+            raise ValueError(f"estimator must be 'exact' or 'mc', got {self.estimator!r}")
+        return self
+
+    @property
+    def sx(self) -> float:
+        return self.sigma / 2 if self.sigma_x is None else self.sigma_x
+
+    @property
+    def sz(self) -> float:
+        return self.sigma / 2 if self.sigma_z is None else self.sigma_z
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(sigma_x=self.sx, sigma_z=self.sz)
+        return d
+
+
+@dataclass
+class PreparedPool:
+    """Per-sample arrays used by the harness, grouped by prompt."""
+
+    pool: GroupedPool
+    x: np.ndarray          # selection score: normalised, clipped to the range, mapped to [0, 1]
+    values: np.ndarray     # (S_total, 4): true, raw proxy, win, true win
+    r_max: float
+    reward_range: tuple[float, float]
+    base: np.ndarray       # (P, 4): base-policy mean of the values per prompt
+
+    def prompt(self, k: int):
+        a, b = self.pool.offsets[k], self.pool.offsets[k + 1]
+        return self.x[a:b], self.values[a:b]
+
+
+def _mid_ranks(v: np.ndarray) -> np.ndarray:
+    """(#{v_j < v_i} + #{v_j = v_i} / 2) / S for each i."""
+    s = np.sort(v)
+    lo = np.searchsorted(s, v, side="left")
+    hi = np.searchsorted(s, v, side="right")
+    return (lo + 0.5 * (hi - lo)) / v.size
+
+
+def prepare(pool: GroupedPool, settings: EvalSettings) -> PreparedPool:
+    proxy = pool.proxy
+    z = proxy.copy()
+    starts = pool.offsets[:-1]
+    sizes = np.diff(pool.offsets)
+    if settings.normalisation == "global":
+        z = (z - z.mean()) / (z.std() or 1.0)
+    elif settings.normalisation == "per-prompt":
+        mean = np.repeat(np.add.reduceat(z, starts) / sizes, sizes)
+        var = np.repeat(np.add.reduceat((z - mean) ** 2, starts) / sizes, sizes)
+        z = (z - mean) / np.where(var > 0, np.sqrt(var), 1.0)
+    lo, hi = settings.reward_range if settings.reward_range is not None else (float(z.min()), float(z.max()))
+    if not lo < hi:
+        hi = lo + 1.0
+    # The declared range is mapped affinely to [0, 1] (R_max = 1), so sigma, beta and the
+    # sensitivity are in units of the range, as in the paper where rewards lie in [0, 1].
+    x = (np.clip(z, lo, hi) - lo) / (hi - lo)
+    values = np.empty((proxy.size, 4))
+    values[:, 0] = pool.true
+    values[:, 1] = proxy
+    for k in range(pool.n_prompts):
+        a, b = pool.offsets[k], pool.offsets[k + 1]
+        values[a:b, 2] = _mid_ranks(proxy[a:b])
+        values[a:b, 3] = _mid_ranks(pool.true[a:b])
+    base = np.add.reduceat(values, starts, axis=0) / sizes[:, None]
+    return PreparedPool(pool, x, values, 1.0, (lo, hi), base)
+
+
+def _draw(rng, S: int, M_: int, n: int, replace: bool) -> np.ndarray:
+    if replace:
+        return rng.integers(0, S, size=(M_, n))
+    if n > S:
+        raise ValueError(f"cannot draw n={n} without replacement from a pool of {S} samples")
+    return np.argsort(rng.random((M_, S)), axis=1)[:, :n]
+
+
+def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
+                rng: np.random.Generator) -> np.ndarray:
+    """Metrics of one (prompt, algorithm, n): vector of len(METRICS)."""
+    x, vals = prep.prompt(k)
+    S = x.size
+    base = prep.base[k]
+    delta_r = prep.r_max if s.sensitivity is None else s.sensitivity
+    L = A.default_truncation(n) if s.truncation is None else s.truncation
+    out = np.full(len(METRICS), np.nan)
+
+    if s.estimator == "mc":
+        return _per_prompt_mc(prep, k, algo, n, s, rng, delta_r, L)
+
+    idx = _draw(rng, S, s.replicates, n, s.replace)
+    xc = x[idx]
+    halting = np.nan
+    if algo in ("privbon", "privbon-gaussian"):
+        if algo == "privbon":
+            law = laws.softmax_rows(xc, s.sigma)
+            out[6] = A.gumbel_epsilon(s.sigma, delta_r)
+        else:
+            law = laws.gaussian_rows(xc, s.sigma)
+            out[6] = A.gaussian_rnm_epsilon(s.sigma, delta_r, prep.r_max, n)
+        ev = np.einsum("mn,mnk->k", law, vals[idx]) / s.replicates
+    elif algo == "itp":
+        law, fb = laws.itp_rows(xc, s.beta, prep.r_max)
+        ev = (np.einsum("mn,mnk->k", law, vals[idx]) + fb.sum() * base) / s.replicates
+        halting = (law @ np.arange(1, n + 1) + fb * (n + 1)).mean()
+        out[6] = math.inf
+    elif algo == "privitp":
+        idx2 = _draw(rng, S, s.replicates, n, s.replace)
+        law, fb, eps2 = laws.privitp_rows(xc, x[idx2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz,
+                                          r_max=prep.r_max, truncation=L, sensitivity=delta_r, rng=rng)
+        ev = (np.einsum("mn,mnk->k", law, vals[idx2]) + fb.sum() * base) / s.replicates
+        halting = (law @ np.arange(1, n + 1) + fb * (n + 1)).mean()
+        out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta) + eps2.mean()
+    out[:4] = ev
+    out[4] = ev[1] - ev[0]
+    out[5] = halting
+    return out
+
+
+def _bon_exact(prep: PreparedPool, k: int, s: EvalSettings) -> np.ndarray:
+    """BoN's closed form under resampling for the whole n grid at once."""
+    x, vals = prep.prompt(k)
+    out = np.full((len(s.n_grid), len(METRICS)), np.nan)
+    out[:, :4] = laws.bon_exact(x, vals, s.n_grid, replace=s.replace)
+    out[:, 4] = out[:, 1] - out[:, 0]
+    out[:, 6] = math.inf
+    return out
+
+
+def _per_prompt_mc(prep, k, algo, n, s, rng, delta_r, L) -> np.ndarray:
+    """Plain Monte Carlo with the real mechanisms: one selection per replicate."""
+    x, vals = prep.prompt(k)
+    S = x.size
+    rr = (0.0, prep.r_max)
+    acc = np.zeros(4)
+    halting, eps = [], []
+    for _ in range(s.replicates):
+        idx = _draw(rng, S, 1, n, s.replace)[0]
+        if algo == "bon":
+            sel = M.bon(x[idx], rng=rng)
+        elif algo == "privbon":
+            sel = M.privbon(x[idx], noise_scale=s.sigma, sensitivity=delta_r, reward_range=rr, rng=rng)
+        elif algo == "privbon-gaussian":
+            sel = M.privbon(x[idx], noise_scale=s.sigma, noise="gaussian", sensitivity=delta_r,
+                            reward_range=rr, rng=rng)
+        elif algo == "itp":
+            sel = M.itp(x[idx], beta=s.beta, reward_range=rr, rng=rng)
+        else:
+            idx2 = _draw(rng, S, 1, n, s.replace)[0]
+            sel = M.privitp(x[idx], x[idx2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
+                            truncation=L, sensitivity=delta_r, reward_range=rr, rng=rng)
+            idx = idx2
+        chosen = int(rng.integers(S)) if sel.fallback else idx[sel.index]  # fallback: fresh draw
+        acc += vals[chosen]
+        halting.append(sel.halting_time if sel.halting_time is not None else np.nan)
+        eps.append(sel.epsilon)
+    out = np.full(len(METRICS), np.nan)
+    out[:4] = acc / s.replicates
+    out[4] = out[1] - out[0]
+    out[5] = np.mean(halting)
+    out[6] = np.mean(eps)
+    return out
+
+
+@dataclass
+class EvalResult:
+    settings: EvalSettings
+    per_prompt: np.ndarray          # (algorithms, n_grid, prompts, metrics)
+    base: np.ndarray                # (prompts, 4)
+    reward_range: tuple[float, float]
+    prompt_ids: np.ndarray
+
+    def summary_rows(self) -> list[dict]:
+        """One row per (algorithm, n): means and standard errors across prompts."""
+        rows = []
+        P = self.per_prompt.shape[2]
+        base_acc = self.base[:, 0]
+        base_mean = float(base_acc.mean())
+        for a, algo in enumerate(self.settings.algorithms):
+            for j, n in enumerate(self.settings.n_grid):
+                m = self.per_prompt[a, j]
+                row = {"algorithm": algo, "n": int(n), "prompts": P}
+                for i, name in enumerate(METRICS):
+                    col = m[:, i]
+                    row[name] = float(np.mean(col))
+                    finite = np.isfinite(col).all()
+                    row[name + "_se"] = float(np.std(col, ddof=1) / math.sqrt(P)) if P > 1 and finite else (
+                        0.0 if finite else math.nan)
+                lift = 100.0 * (m[:, 0] - base_acc)
+                row["lift"] = float(lift.mean())
+                row["lift_se"] = float(lift.std(ddof=1) / math.sqrt(P)) if P > 1 else 0.0
+                # relative lift in %: (points / 100) / base * 100
+                row["lift_rel"] = row["lift"] / base_mean if base_mean > 0 else math.nan
+                row["lift_rel_se"] = row["lift_se"] / base_mean if base_mean > 0 else math.nan
+                row["base_accuracy"] = base_mean
+                rows.append(row)
+        return rows
+
+
+def evaluate(pool: GroupedPool, settings: EvalSettings, progress: Callable[[int, int], None] | None = None
+             ) -> EvalResult:
+    """Run the harness; ``progress(done, total)`` is called after each prompt."""
+    s = settings.check()
+    prep = prepare(pool, s)
+    rng = np.random.default_rng(s.seed)
+    P = pool.n_prompts
+    out = np.empty((len(s.algorithms), len(s.n_grid), P, len(METRICS)))
+    for k in range(P):
+        for a, algo in enumerate(s.algorithms):
+            if algo == "bon" and s.estimator == "exact":
+                out[a, :, k] = _bon_exact(prep, k, s)
+                continue
+            for j, n in enumerate(s.n_grid):
+                out[a, j, k] = _per_prompt(prep, k, algo, int(n), s, rng)
+        if progress is not None:
+            progress(k + 1, P)
+    return EvalResult(s, out, prep.base, prep.reward_range, pool.prompt_ids)

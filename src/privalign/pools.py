@@ -1,0 +1,249 @@
+"""Response pools: one row per sampled response, stored as Parquet.
+
+Columns: ``prompt_id``, ``sample_id``, one ``reward:<name>`` column per reward model,
+``true_reward`` in [0, 1] (correctness for math tasks, or a gold reward model's score mapped to
+[0, 1]), and optional ``response``, ``answer``, ``logprob``. Pool-level metadata (task, base model,
+reward models, sampling settings, ``true_reward_source``: ``"grader"`` or ``"gold"``) travels in
+the Parquet schema metadata under the key ``privalign``.
+
+JSONL input is accepted in the same long layout (one row per line) and in the layout of the paper
+authors' public scripts, one prompt per line:
+``{"prompt", "gt_answer", "responses": [{"text", "predicted_answer", "is_correct", "proxy_reward"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REWARD_PREFIX = "reward:"
+REQUIRED = ("prompt_id", "sample_id", "true_reward")
+OPTIONAL_TEXT = ("response", "answer", "prompt")
+
+
+class PoolError(ValueError):
+    """A malformed pool; the message lists the offending rows."""
+
+
+@dataclass
+class Pool:
+    """Columns as numpy arrays (one entry per response) plus metadata."""
+
+    columns: dict[str, np.ndarray]
+    metadata: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ basic views
+    @property
+    def n_rows(self) -> int:
+        return len(self.columns["prompt_id"])
+
+    @property
+    def reward_names(self) -> list[str]:
+        return [c[len(REWARD_PREFIX):] for c in self.columns if c.startswith(REWARD_PREFIX)]
+
+    def reward(self, name: str | None = None) -> np.ndarray:
+        names = self.reward_names
+        if not names:
+            raise PoolError("the pool has no reward column (reward:<name>)")
+        if name is None:
+            name = self.metadata.get("default_reward", names[0])
+        if name not in names:
+            raise PoolError(f"reward {name!r} not in the pool; it has {names}")
+        return self.columns[REWARD_PREFIX + name]
+
+    def grouped(self, reward: str | None = None) -> "GroupedPool":
+        """Rows grouped by prompt (stable order): flat arrays plus offsets."""
+        pid = self.columns["prompt_id"]
+        order = np.argsort(pid, kind="stable")
+        sorted_ids = pid[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        offsets = np.r_[starts, len(pid)]
+        return GroupedPool(prompt_ids=sorted_ids[starts], offsets=offsets,
+                           proxy=np.asarray(self.reward(reward), float)[order],
+                           true=np.asarray(self.columns["true_reward"], float)[order])
+
+    # ------------------------------------------------------------------ validation
+    def problems(self) -> list[str]:
+        """Everything wrong with the pool, each message naming the rows (up to 10 each)."""
+        out = []
+        n = self.n_rows
+        for col in REQUIRED:
+            if col not in self.columns:
+                out.append(f"missing required column {col!r}")
+        if not self.reward_names:
+            out.append("no reward column: expected at least one 'reward:<name>' column")
+        for name, col in self.columns.items():
+            if len(col) != n:
+                out.append(f"column {name!r} has {len(col)} entries, expected {n}")
+        if out:
+            return out
+
+        def rows(mask, what):
+            bad = np.flatnonzero(mask)
+            if bad.size:
+                ids = ", ".join(f"row {i} (prompt {self.columns['prompt_id'][i]!r}, sample "
+                                f"{self.columns['sample_id'][i]!r})" for i in bad[:10])
+                more = f" and {bad.size - 10} more" if bad.size > 10 else ""
+                out.append(f"{what}: {ids}{more}")
+
+        for name in self.reward_names:
+            col = _as_float(self.columns[REWARD_PREFIX + name])
+            rows(np.isnan(col), f"reward {name!r} missing or NaN")
+            rows(np.isinf(col), f"reward {name!r} infinite")
+        tr = _as_float(self.columns["true_reward"])
+        rows(np.isnan(tr), "true_reward missing or NaN")
+        rows((tr < 0) | (tr > 1), "true_reward outside [0, 1]")
+        key = np.array([f"{p}\x00{s}" for p, s in zip(self.columns["prompt_id"], self.columns["sample_id"])])
+        _, first, counts = np.unique(key, return_index=True, return_counts=True)
+        dup = np.zeros(n, bool)
+        if (counts > 1).any():
+            seen = np.zeros(n, bool)
+            seen[first] = True
+            dup = ~seen
+        rows(dup, "duplicate (prompt_id, sample_id)")
+        return out
+
+    def validate(self) -> "Pool":
+        problems = self.problems()
+        if problems:
+            raise PoolError("invalid pool:\n  " + "\n  ".join(problems))
+        return self
+
+    def info(self) -> dict:
+        g = self.grouped()
+        sizes = np.diff(g.offsets)
+        per_prompt_acc = np.add.reduceat(g.true, g.offsets[:-1]) / sizes
+        out = {
+            "rows": self.n_rows,
+            "prompts": int(sizes.size),
+            "samples_per_prompt": {"min": int(sizes.min()), "median": float(np.median(sizes)),
+                                   "max": int(sizes.max())},
+            "rewards": {},
+            "true_reward": {"mean": float(g.true.mean()),
+                            "per_prompt_mean_quartiles": [float(q) for q in np.quantile(per_prompt_acc, [0.25, 0.5, 0.75])]},
+            "columns": list(self.columns),
+            "metadata": self.metadata,
+        }
+        for name in self.reward_names:
+            r = _as_float(self.reward(name))
+            out["rewards"][name] = {"mean": float(np.nanmean(r)), "std": float(np.nanstd(r)),
+                                    "min": float(np.nanmin(r)), "max": float(np.nanmax(r))}
+        return out
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, path: str | Path) -> Path:
+        """Write Parquet atomically (temporary file, then rename)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = Path(path)
+        table = pa.table({k: v for k, v in self.columns.items()})
+        meta = dict(table.schema.metadata or {})
+        meta[b"privalign"] = json.dumps(self.metadata).encode()
+        table = table.replace_schema_metadata(meta)
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(path)
+        return path
+
+
+@dataclass
+class GroupedPool:
+    prompt_ids: np.ndarray
+    offsets: np.ndarray
+    proxy: np.ndarray
+    true: np.ndarray
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.offsets) - 1
+
+    def prompt(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self.offsets[k], self.offsets[k + 1]
+        return self.proxy[a:b], self.true[a:b]
+
+    def subset(self, prompts: np.ndarray) -> "GroupedPool":
+        parts = [slice(self.offsets[k], self.offsets[k + 1]) for k in prompts]
+        sizes = np.array([s.stop - s.start for s in parts])
+        return GroupedPool(prompt_ids=self.prompt_ids[prompts], offsets=np.r_[0, np.cumsum(sizes)],
+                           proxy=np.concatenate([self.proxy[s] for s in parts]),
+                           true=np.concatenate([self.true[s] for s in parts]))
+
+
+def _as_float(col) -> np.ndarray:
+    if col.dtype == object:
+        return np.array([math.nan if v is None else float(v) for v in col], float)
+    return col.astype(float)
+
+
+def _columns_from_rows(rows: list[dict]) -> dict[str, np.ndarray]:
+    names: list[str] = []
+    for row in rows:
+        for k in row:
+            if k not in names:
+                names.append(k)
+    cols = {}
+    for k in names:
+        vals = [row.get(k) for row in rows]
+        if k in REQUIRED[:2] or k in OPTIONAL_TEXT:
+            cols[k] = np.array(vals, dtype=object if any(isinstance(v, str) for v in vals) else None)
+        else:
+            cols[k] = np.array([math.nan if v is None else v for v in vals], dtype=float)
+    return cols
+
+
+def _from_authors_layout(records: list[dict]) -> dict[str, np.ndarray]:
+    rows = []
+    for p, rec in enumerate(records):
+        for s, resp in enumerate(rec.get("responses", [])):
+            row = {"prompt_id": p, "sample_id": s, "true_reward": _truth(resp.get("is_correct"))}
+            proxy = resp.get("proxy_reward")
+            if isinstance(proxy, dict):
+                row.update({REWARD_PREFIX + k: v for k, v in proxy.items()})
+            else:
+                row[REWARD_PREFIX + "proxy"] = proxy
+            if "text" in resp:
+                row["response"] = resp["text"]
+            if "predicted_answer" in resp:
+                row["answer"] = None if resp["predicted_answer"] is None else str(resp["predicted_answer"])
+            rows.append(row)
+    return _columns_from_rows(rows)
+
+
+def _truth(v):
+    if v is None:
+        return None
+    return float(bool(v)) if isinstance(v, bool) else float(v)
+
+
+def load_pool(path: str | Path, validate: bool = True) -> Pool:
+    """Read a pool from Parquet or JSONL (long layout, or the paper authors' layout)."""
+    path = Path(path)
+    if not path.exists():
+        raise PoolError(f"pool file not found: {path}")
+    if path.suffix in (".jsonl", ".json"):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if records and "responses" in records[0]:
+            cols = _from_authors_layout(records)
+            meta = {"source_format": "authors-jsonl", "source": str(path.name), "true_reward_source": "grader"}
+        else:
+            cols = _columns_from_rows(records)
+            meta = {"source_format": "jsonl", "source": str(path.name)}
+        pool = Pool(cols, meta)
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        raw = (table.schema.metadata or {}).get(b"privalign")
+        meta = json.loads(raw) if raw else {}
+        cols = {}
+        for name in table.column_names:
+            col = table.column(name)
+            arr = col.to_numpy(zero_copy_only=False)
+            cols[name] = arr
+        pool = Pool(cols, meta)
+    return pool.validate() if validate else pool

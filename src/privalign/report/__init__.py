@@ -1,0 +1,1 @@
+"""Results directories, figures and the HTML report."""
