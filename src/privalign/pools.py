@@ -85,8 +85,8 @@ class Pool:
         def rows(mask, what):
             bad = np.flatnonzero(mask)
             if bad.size:
-                ids = ", ".join(f"row {i} (prompt {self.columns['prompt_id'][i]!r}, sample "
-                                f"{self.columns['sample_id'][i]!r})" for i in bad[:10])
+                ids = ", ".join(f"row {i} (prompt {_show(self.columns['prompt_id'][i])}, sample "
+                                f"{_show(self.columns['sample_id'][i])})" for i in bad[:10])
                 more = f" and {bad.size - 10} more" if bad.size > 10 else ""
                 out.append(f"{what}: {ids}{more}")
 
@@ -172,6 +172,11 @@ class GroupedPool:
         return GroupedPool(prompt_ids=self.prompt_ids[prompts], offsets=np.r_[0, np.cumsum(sizes)],
                            proxy=np.concatenate([self.proxy[s] for s in parts]),
                            true=np.concatenate([self.true[s] for s in parts]))
+
+
+def _show(v) -> str:
+    v = v.item() if isinstance(v, np.generic) else v
+    return repr(v) if isinstance(v, str) else str(v)
 
 
 def _as_float(col) -> np.ndarray:

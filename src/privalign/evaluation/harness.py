@@ -167,9 +167,18 @@ def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
     if s.estimator == "mc":
         return _per_prompt_mc(prep, k, algo, n, s, rng, delta_r, L)
 
-    idx = _draw(rng, S, s.replicates, n, s.replace)
+    M_ = s.replicates
+    idx = _draw(rng, S, M_, n, s.replace)
     xc = x[idx]
     halting = np.nan
+
+    def expectation(idx_parts, law_parts, fallback_mass):
+        """Mean over replicates of the chosen response's values (fallback: a fresh base draw)."""
+        w = np.zeros(S)
+        for i, l in zip(idx_parts, law_parts):
+            w += np.bincount(i.ravel(), weights=l.ravel(), minlength=S)
+        return (w @ vals + fallback_mass * base) / M_
+
     if algo in ("privbon", "privbon-gaussian"):
         if algo == "privbon":
             law = laws.softmax_rows(xc, s.sigma)
@@ -177,18 +186,32 @@ def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
         else:
             law = laws.gaussian_rows(xc, s.sigma)
             out[6] = A.gaussian_rnm_epsilon(s.sigma, delta_r, prep.r_max, n)
-        ev = np.einsum("mn,mnk->k", law, vals[idx]) / s.replicates
+        ev = expectation([idx], [law], 0.0)
     elif algo == "itp":
-        law, fb = laws.itp_rows(xc, s.beta, prep.r_max)
-        ev = (np.einsum("mn,mnk->k", law, vals[idx]) + fb.sum() * base) / s.replicates
-        halting = (law @ np.arange(1, n + 1) + fb * (n + 1)).mean()
+        lam = laws.lambda_rows(xc, s.beta)[:, None]
+        scale = prep.r_max - lam
+
+        def itp_chunk(a, b):
+            return idx[:, a:b], np.clip((xc[:, a:b] - lam) / scale, 0.0, 1.0)
+
+        parts, law_parts, fb, t = laws.sequential_lazy(n, M_, itp_chunk)
+        ev = expectation(parts, law_parts, fb.sum())
+        halting = t.mean()
         out[6] = math.inf
     elif algo == "privitp":
-        idx2 = _draw(rng, S, s.replicates, n, s.replace)
-        law, fb, eps2 = laws.privitp_rows(xc, x[idx2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz,
-                                          r_max=prep.r_max, truncation=L, sensitivity=delta_r, rng=rng)
-        ev = (np.einsum("mn,mnk->k", law, vals[idx2]) + fb.sum() * base) / s.replicates
-        halting = (law @ np.arange(1, n + 1) + fb * (n + 1)).mean()
+        lam = laws.lambda_rows(xc, s.beta)
+        lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
+        idx2_full = None if s.replace else _draw(rng, S, M_, n, False)
+
+        def privitp_chunk(a, b):  # the second batch is drawn lazily, as the mechanism generates it
+            i2 = rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b]
+            return i2, laws.privitp_acceptance_rows(x[i2], lam_t, s.sz, prep.r_max, L)
+
+        parts, law_parts, fb, t = laws.sequential_lazy(n, M_, privitp_chunk)
+        ev = expectation(parts, law_parts, fb.sum())
+        halting = t.mean()
+        eps2 = laws.privitp_epsilon2_rows(lam_t, t - fb * (n + 1), fb, n, sigma_z=s.sz, sensitivity=delta_r,
+                                          r_max=prep.r_max, truncation=L)
         out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta) + eps2.mean()
     out[:4] = ev
     out[4] = ev[1] - ev[0]

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from scipy import special
 
-from .._special import log_mean_ndtr
+from .._special import mean_ndtr
 from ..accounting.privitp import privitp_phase2_terms
 
 
@@ -45,14 +45,34 @@ def gaussian_rows(x: np.ndarray, sigma: float, step: float = 0.05) -> np.ndarray
 
 
 def lambda_rows(x: np.ndarray, beta: float) -> np.ndarray:
-    """Exact ITP lambda per row (sorted solution, vectorised over rows)."""
+    """Exact ITP lambda per row: Newton from the left, as ``accounting.itp_lambda``, batched.
+
+    Each step solves the linear piece of every row's current active set; rows stop changing once
+    their active set is stable (then lambda is exact). A sorted solution backs up the rare rows
+    that need more than 64 steps.
+    """
+    n = x.shape[1]
+    target = n * beta
+    lam = x.mean(axis=1) - beta
+    prev = None
+    for _ in range(64):
+        active = x > lam[:, None]
+        k = active.sum(axis=1)
+        if prev is not None and np.array_equal(k, prev):
+            return lam
+        lam = np.where(active, x, 0.0).sum(axis=1)
+        lam = (lam - target) / k
+        prev = k
+    return _lambda_rows_sorted(x, beta)
+
+
+def _lambda_rows_sorted(x: np.ndarray, beta: float) -> np.ndarray:
     n = x.shape[1]
     s = -np.sort(-x, axis=1)
     csum = np.cumsum(s, axis=1)
     k = np.arange(1, n + 1)
     nxt = np.concatenate([s[:, 1:], np.full((s.shape[0], 1), -np.inf)], axis=1)
-    ok = csum - k * nxt >= n * beta
-    kk = ok.argmax(axis=1)  # first k with f(r_(k+1)) >= n beta (always exists: last is +inf)
+    kk = (csum - k * nxt >= n * beta).argmax(axis=1)  # first k with f(r_(k+1)) >= n beta
     return (csum[np.arange(s.shape[0]), kk] - n * beta) / (kk + 1)
 
 
@@ -70,22 +90,51 @@ def itp_rows(x: np.ndarray, beta: float, r_max: float):
     return sequential_rows(a)
 
 
-def privitp_rows(x1: np.ndarray, x2: np.ndarray, *, beta: float, sigma_x: float, sigma_z: float,
-                 r_max: float, truncation: float, sensitivity: float, rng: np.random.Generator):
-    """PrivITP per row: lambda~ drawn once per replicate (draw by draw), then the exact Phase-2 law.
+TAIL = 1e-17  # survival below which the rest of a sequential law is negligible in double precision
 
-    Returns (P(accept at i), P(fallback), expected ex-post epsilon_2 given lambda~).
+
+def sequential_lazy(n: int, rows: int, chunk, first: int = 64):
+    """Sequential rejection sampling, examined lazily in growing chunks of candidates.
+
+    ``chunk(start, stop)`` returns (pool indices, acceptance probabilities) of candidates
+    start..stop-1 for every row. Stops once every row's survival is below ``TAIL`` (the remaining
+    mass, < 1e-17, is assigned to the fallback) or after n candidates, so long candidate lists cost
+    only the candidates that can matter, as in the mechanism itself.
+    Returns (index chunks, law chunks, P(fallback) per row, E[halting time] per row).
     """
-    lam = lambda_rows(x1, beta)
-    lam_t = np.clip(lam + sigma_x * rng.standard_normal(lam.size), -beta, r_max)
+    survive = np.ones(rows)
+    halting = np.zeros(rows)
+    idx_parts, law_parts = [], []
+    start, width = 0, first
+    while start < n and survive.max() > TAIL:
+        stop = min(n, start + width)
+        idx, a = chunk(start, stop)
+        cp = np.cumprod(1.0 - a, axis=1)
+        law = a * np.concatenate([survive[:, None], survive[:, None] * cp[:, :-1]], axis=1)
+        idx_parts.append(idx)
+        law_parts.append(law)
+        halting += law @ np.arange(start + 1, stop + 1)
+        survive = survive * cp[:, -1]
+        start, width = stop, width * 2
+    halting += survive * (n + 1)
+    return idx_parts, law_parts, survive, halting
+
+
+def privitp_acceptance_rows(x2: np.ndarray, lam_t: np.ndarray, sigma_z: float, r_max: float,
+                            truncation: float) -> np.ndarray:
+    """P(accept) = E_u Phi((r - lambda~ - b u)/sigma_Z) with b = r_max + sigma_Z L - lambda~ per row."""
     b = (r_max + sigma_z * truncation - lam_t)[:, None]
-    a = np.exp(log_mean_ndtr((x2 - lam_t[:, None] - b) / sigma_z, b / sigma_z))
-    law, fallback = sequential_rows(a)
+    return mean_ndtr((x2 - lam_t[:, None] - b) / sigma_z, b / sigma_z)
+
+
+def privitp_epsilon2_rows(lam_t, accepted_halting, fallback, n, *, sigma_z, sensitivity, r_max, truncation):
+    """E[epsilon_2^post] per row: sum_t P(t) ((t-1) kappa + accept) + P(fallback) n kappa.
+
+    ``accepted_halting`` is sum_t P(t) t over accepted outcomes only.
+    """
     kappa, accept = privitp_phase2_terms(lam_t, sigma_z, sensitivity, r_max, truncation)
-    n = x2.shape[1]
-    t_minus_1 = np.arange(n)
-    eps2 = (law * (t_minus_1[None, :] * kappa[:, None] + accept[:, None])).sum(axis=1) + fallback * n * kappa
-    return law, fallback, eps2
+    accepted = 1.0 - fallback
+    return kappa * (accepted_halting - accepted) + accept * accepted + fallback * n * kappa
 
 
 def bon_exact(x: np.ndarray, values: np.ndarray, n_grid, replace: bool = True) -> np.ndarray:

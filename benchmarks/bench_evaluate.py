@@ -1,0 +1,95 @@
+"""The evaluation harness on one full paper configuration, against a naive research-script loop.
+
+Run: ``.venv/bin/python benchmarks/bench_evaluate.py [--prompts 1319] [--samples 10000]``
+
+Full grid: prompts x samples pool (default 1,319 x 10,000, the GSM8K test size), n in
+{1, 2, ..., 4096}, 50 replicates, bon, privbon, itp, privitp. Reports wall time and peak memory.
+The baseline is the straightforward loop research scripts use (one ``np.random.choice`` and one
+selection call per replicate, per prompt, per n), timed on a few prompts in the same run; the
+speed-up is the ratio of the two per-prompt times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import time
+
+import numpy as np
+
+import privalign as pa
+from privalign.evaluation import DEFAULT_N_GRID, EvalSettings, evaluate
+from privalign.simulate import simulate
+
+
+def naive_loop(pool, prompts, n_grid, replicates, sigma=0.5, beta=0.05):
+    """One np.random.choice and one mechanism call per replicate, per prompt, per n."""
+    lo, hi = float(pool.proxy.min()), float(pool.proxy.max())
+    total = 0.0
+    for k in prompts:
+        x, y = pool.prompt(k)
+        x = (x - lo) / (hi - lo)
+        for n in n_grid:
+            for _ in range(replicates):
+                idx = np.random.choice(x.size, n)
+                total += y[idx[pa.bon(x[idx]).index]]
+                total += y[idx[pa.privbon(x[idx], noise_scale=sigma).index]]
+                s = pa.itp(x[idx], beta=beta)
+                total += y[np.random.randint(x.size)] if s.fallback else y[idx[s.index]]
+                idx2 = np.random.choice(x.size, n)
+                s = pa.privitp(x[idx], x[idx2], beta=beta, sigma_x=sigma / 2, sigma_z=sigma / 2, delta=1e-2)
+                total += y[np.random.randint(x.size)] if s.fallback else y[idx2[s.index]]
+    return total
+
+
+def variance_ratio(pool, prompts=6, n=64, seeds=20, replicates=50):
+    """Per-prompt variance of the accuracy estimate, plain MC / exact laws, at equal replicates."""
+    sub = pool.subset(np.arange(prompts))
+    out = {}
+    for algo in ("privbon", "itp", "privitp"):
+        est = {}
+        for kind in ("exact", "mc"):
+            runs = [evaluate(sub, EvalSettings(algorithms=(algo,), n_grid=(n,), replicates=replicates, seed=seed,
+                                               estimator=kind)).per_prompt[0, 0, :, 0] for seed in range(seeds)]
+            est[kind] = np.var(np.array(runs), axis=0, ddof=1).mean()
+        out[algo] = est["mc"] / est["exact"]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=1319)
+    ap.add_argument("--samples", type=int, default=10_000)
+    ap.add_argument("--baseline-prompts", type=int, default=2)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    pool = simulate("hackable", args.prompts, args.samples, seed=0).grouped()
+    t_pool = time.perf_counter() - t0
+    settings = EvalSettings(algorithms=("bon", "privbon", "itp", "privitp"), n_grid=DEFAULT_N_GRID, replicates=50)
+    t0 = time.perf_counter()
+    evaluate(pool, settings)
+    t_eval = time.perf_counter() - t0
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+    sub = list(range(args.baseline_prompts))
+    t0 = time.perf_counter()
+    naive_loop(pool, sub, DEFAULT_N_GRID, settings.replicates)
+    t_naive = (time.perf_counter() - t0) / len(sub)
+    per_prompt = t_eval / args.prompts
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, numpy {np.__version__}")
+    print(f"pool: {args.prompts} prompts x {args.samples} samples (simulated in {t_pool:.1f} s)")
+    print(f"full grid (n = 1..4096, 50 replicates, bon/privbon/itp/privitp): {t_eval:.1f} s, peak RSS {peak_gb:.2f} GB")
+    print(f"per prompt: harness {per_prompt * 1e3:.1f} ms, naive loop {t_naive:.1f} s "
+          f"(on {len(sub)} prompts) -> speed-up {t_naive / per_prompt:.1f}x at equal replicates")
+    ratios = variance_ratio(pool)
+    print("variance of the per-prompt accuracy estimate, plain MC / exact laws, n = 64, 50 replicates: "
+          + ", ".join(f"{a} {r:.1f}x" for a, r in ratios.items()))
+    print("(the naive loop needs that many times more replicates for the same precision)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Pools (Parquet, JSONL, the authors' layout, validation) and the command line contract."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from privalign.evaluation import EvalSettings
+from privalign.evaluation.suite import run_evaluate, run_reproduce
+from privalign.pools import Pool, PoolError, load_pool
+from privalign.report.results import read_csv
+from privalign.simulate import simulate
+
+CLI = [sys.executable, "-m", "privalign"]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd)
+
+
+def test_parquet_roundtrip_keeps_columns_and_metadata(tmp_path):
+    pool = simulate("hackable", 5, 50, seed=3)
+    pool.columns["response"] = np.array([f"text {i}" for i in range(pool.n_rows)], dtype=object)
+    pool.save(tmp_path / "p.parquet")
+    back = load_pool(tmp_path / "p.parquet")
+    assert back.metadata == pool.metadata
+    assert np.array_equal(back.columns["reward:proxy"], pool.columns["reward:proxy"])
+    assert list(back.columns["response"][:2]) == ["text 0", "text 1"]
+
+
+def test_authors_jsonl_layout_is_read_unchanged(tmp_path):
+    lines = [{"prompt": "2+2?", "gt_answer": "4", "responses": [
+        {"text": "4", "predicted_answer": "4", "is_correct": True, "proxy_reward": 0.9},
+        {"text": "5", "predicted_answer": "5", "is_correct": False, "proxy_reward": 0.2}]},
+        {"prompt": "3+3?", "gt_answer": "6", "responses": [
+            {"text": "6", "predicted_answer": "6", "is_correct": True, "proxy_reward": 0.7}]}]
+    path = tmp_path / "authors.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    pool = load_pool(path)
+    assert pool.n_rows == 3 and pool.reward_names == ["proxy"]
+    assert list(pool.columns["true_reward"]) == [1.0, 0.0, 1.0]
+    assert list(pool.columns["answer"]) == ["4", "5", "6"]
+    assert pool.info()["prompts"] == 2
+
+
+def test_validation_names_the_bad_rows(tmp_path):
+    rows = [{"prompt_id": 0, "sample_id": 0, "reward:rm": 0.5, "true_reward": 1.0},
+            {"prompt_id": 0, "sample_id": 1, "reward:rm": None, "true_reward": 0.0},
+            {"prompt_id": 0, "sample_id": 2, "reward:rm": float("nan"), "true_reward": 0.0},
+            {"prompt_id": 1, "sample_id": 0, "reward:rm": 0.1, "true_reward": 1.5},
+            {"prompt_id": 1, "sample_id": 0, "reward:rm": 0.2, "true_reward": 0.0}]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(PoolError) as err:
+        load_pool(path)
+    text = str(err.value)
+    assert "row 1 (prompt 0, sample 1)" in text and "row 2 (prompt 0, sample 2)" in text
+    assert "true_reward outside [0, 1]: row 3" in text
+    assert "duplicate (prompt_id, sample_id): row 4" in text
+    out = run("pool", "validate", path)
+    assert out.returncode == 1 and "row 3" in out.stderr
+    assert "missing required column 'true_reward'" in "\n".join(
+        Pool({"prompt_id": np.arange(2), "sample_id": np.arange(2), "reward:x": np.ones(2)}).problems())
+
+
+def test_cli_simulate_evaluate_report(tmp_path):
+    assert run("simulate", "gaussian", "--prompts", 6, "--samples", 200, "--seed", 1,
+               "--out", tmp_path / "pool.parquet").returncode == 0
+    res = run("evaluate", tmp_path / "pool.parquet", "--algorithms", "bon,privbon,itp,privitp",
+              "--n", "1,2,4,...,32", "--replicates", 5, "--sigma", 0.5, "--beta", 0.05, "--seed", 2,
+              "--out", tmp_path / "results")
+    assert res.returncode == 0, res.stderr
+    rows = read_csv(tmp_path / "results" / "summary.csv")
+    need = {"algorithm", "n", "accuracy", "accuracy_se", "lift", "lift_se", "proxy_reward", "proxy_reward_se",
+            "win_rate", "win_rate_se", "hacking_gap", "hacking_gap_se", "halting_time", "epsilon"}
+    assert need <= set(rows[0]) and len(rows) == 4 * 6
+    settings = json.loads((tmp_path / "results" / "settings.json").read_text())
+    assert settings["privalign_version"] and settings["evaluation"]["replicates"] == 5
+    assert settings["pool"]["metadata"]["world"]["world"] == "gaussian"
+    (tmp_path / "results" / "report.html").unlink()
+    assert run("report", tmp_path / "results").returncode == 0
+    page = (tmp_path / "results" / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 2 and "<table>" in page
+    bad = run("evaluate", tmp_path / "pool.parquet", "--algorithms", "bon,best", "--out", tmp_path / "x")
+    assert bad.returncode == 2 and "algorithms" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_interrupt_leaves_no_half_written_results(tmp_path):
+    pool = simulate("hackable", 6, 100, seed=1)
+    calls = []
+
+    def interrupt(name, done, total):
+        calls.append(done)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluate(pool, EvalSettings(n_grid=(1, 4), replicates=3), tmp_path / "out", progress=interrupt)
+    assert calls == [1, 2, 3]
+    assert list(tmp_path.iterdir()) == []  # neither the results nor a temporary directory remain
+
+
+def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
+    pool = simulate("hackable", 16, 300, seed=4)
+    out = run_reproduce(tmp_path / "res", pool, "test pool", settings=EvalSettings(n_grid=(1, 4, 16), replicates=4),
+                        sigma_grid=(0.05, 0.5), beta_grid=(0.01, 0.1), n_ref=8, mq_sigmas=(2.0, 4.0), mq_seeds=2)
+    names = {p.name for p in out.iterdir()}
+    for stem in ("curves_accuracy", "curves_hacking", "ablation_sigma", "ablation_beta_itp",
+                 "ablation_beta_privitp", "itp_vs_privitp", "fsrc_queries"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names
+    for table in ("summary.csv", "noise_sweep.csv", "multi_query.csv", "multi_query_summary.csv",
+                  "budget_table.csv", "settings.json", "report.html"):
+        assert table in names
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["chosen"]["privbon_sigma"] in (0.05, 0.5)
+    mq = read_csv(out / "multi_query_summary.csv")
+    fsrc = {r["sigma"]: r["queries_mean"] for r in mq if r["composition"] == "fsrc"}
+    basic = {r["sigma"]: r["queries_mean"] for r in mq if r["composition"] == "basic"}
+    assert all(fsrc[s] >= basic[s] for s in fsrc)
+    page = (out / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 7
