@@ -101,3 +101,14 @@ def test_itp_lambda_newton_and_sorted_solutions_agree():
         r = rng.standard_normal(rng.integers(1, 500)) ** 3
         beta = 10 ** rng.uniform(-4, 1)
         assert np.isclose(A.itp_lambda(r, beta), _lambda_sorted(r, r.size * beta), rtol=1e-12, atol=1e-12)
+
+
+def test_regression_extreme_small_gaussian_noise():
+    # found by hypothesis: sigma ~ 5e-10 made log phi - log Phi cancel catastrophically (overflow)
+    # and the quadrature meaningless; both are handled, and epsilon stays monotone in sigma
+    for r in ([0.0, 1e-6], [0.0, 1.0, 1e-6]):
+        assert pa.privbon(r, noise_scale=5e-10, noise="gaussian", rng=np.random.default_rng(0)).index == int(np.argmax(r))
+    eps = [A.gaussian_rnm_epsilon(s, 1.0, 1.0, 3) for s in (5e-10, 1e-7, 1e-5, 1e-3, 1e-1)]
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    # in the extreme regime the answer sits within log(1 + k)/2 of the Laplace value R Delta / sigma^2-scale
+    assert abs(eps[0] / (4 / 3 * 1e18) - 1) < 1e-6

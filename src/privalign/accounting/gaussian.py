@@ -128,8 +128,9 @@ def _check_rnm(sensitivity, r_max, n):
 
 @functools.lru_cache(maxsize=4096)
 def _rnm_epsilon_raw(sigma: float, delta_r: float, r_max: float, n: int) -> float:
-    return (log_gaussian_power_mean((r_max - 2 * delta_r) / sigma, n - 1)
-            - log_gaussian_power_mean(r_max / sigma, n - 1))
+    # numerator from above, denominator from below (they differ only in the extreme regime)
+    return (log_gaussian_power_mean((r_max - 2 * delta_r) / sigma, n - 1, side="upper")
+            - log_gaussian_power_mean(r_max / sigma, n - 1, side="lower"))
 
 
 def gaussian_rnm_epsilon(noise_scale: float, sensitivity: float, r_max: float, n: int) -> float:
