@@ -110,5 +110,5 @@ def test_regression_extreme_small_gaussian_noise():
         assert pa.privbon(r, noise_scale=5e-10, noise="gaussian", rng=np.random.default_rng(0)).index == int(np.argmax(r))
     eps = [A.gaussian_rnm_epsilon(s, 1.0, 1.0, 3) for s in (5e-10, 1e-7, 1e-5, 1e-3, 1e-1)]
     assert all(a > b for a, b in zip(eps, eps[1:]))
-    # in the extreme regime the answer sits within log(1 + k)/2 of the Laplace value R Delta / sigma^2-scale
+    # extreme regime: log I(m) ~ -k m^2 / (2 (k + 1)) at m = R/sigma = 2e9, k = 2, and log I(-m) ~ 0
     assert abs(eps[0] / (4 / 3 * 1e18) - 1) < 1e-6
