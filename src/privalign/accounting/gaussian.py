@@ -66,14 +66,22 @@ def gaussian_mechanism_epsilon(noise_scale: float, sensitivity: float, delta: fl
     delta_r = check_positive("sensitivity", sensitivity)
     delta = check_delta(delta)
     if _check_method(method) == "classic":
-        eps = delta_r * math.sqrt(2 * math.log(1.25 / delta)) / s
-        if eps > 1:
-            raise ValueError(
-                f"method='classic' gives epsilon={eps:.4g} > 1, where Dwork & Roth's bound is not a "
-                "valid guarantee; use method='analytic' or more noise"
-            )
-        return margin_up(eps)
+        return margin_up(_classic_valid(_classic_constant(delta_r, delta) / s))
     return _analytic_epsilon(s, delta_r, delta)
+
+
+def _classic_constant(delta_r: float, delta: float) -> float:
+    """Dwork & Roth's epsilon * sigma = Delta sqrt(2 ln(1.25/delta))."""
+    return delta_r * math.sqrt(2 * math.log(1.25 / delta))
+
+
+def _classic_valid(eps: float) -> float:
+    if eps > 1:
+        raise ValueError(
+            f"method='classic' is only a valid guarantee for epsilon <= 1 (Dwork & Roth Thm A.1), got "
+            f"epsilon={eps:.4g}; use method='analytic' (or, for a given noise, more noise)"
+        )
+    return eps
 
 
 @functools.lru_cache(maxsize=4096)
@@ -98,12 +106,7 @@ def gaussian_mechanism_noise_scale(epsilon: float, sensitivity: float, delta: fl
     delta_r = check_positive("sensitivity", sensitivity)
     delta = check_delta(delta)
     if _check_method(method) == "classic":
-        if eps > 1:
-            raise ValueError(
-                f"method='classic' is only a valid guarantee for epsilon <= 1, got epsilon={epsilon!r}; "
-                "use method='analytic'"
-            )
-        return margin_up(delta_r * math.sqrt(2 * math.log(1.25 / delta)) / eps)
+        return margin_up(_classic_constant(delta_r, delta) / _classic_valid(eps))
     log_target = math.log(delta)
 
     def ok(s):
