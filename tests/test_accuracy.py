@@ -116,3 +116,15 @@ def test_privitp_epsilon_max_is_tight_upper_bound(n, sigma_z, d):
     dense = np.linspace(-beta, 1.0, 20001)
     kap, acc = A.privitp_phase2_terms(dense, sigma_z, d, 1.0, L)
     assert eps_max <= (eps1 + max(np.max((n - 1) * kap + acc), n * kap[0])) * (1 + REL)
+
+
+@pytest.mark.parametrize("eps,n", [(0.5, 2), (1.0, 16), (4.0, 4096)])
+def test_noise_calibrations_meet_their_target_tightly(eps, n):
+    s = A.privbon_noise_scale(eps, 1.0, noise="gaussian", n=n, r_max=1.0)
+    assert A.gaussian_rnm_epsilon(s, 1.0, 1.0, n) <= eps
+    assert A.gaussian_rnm_epsilon(s * (1 - 1e-6), 1.0, 1.0, n) > eps * (1 - 1e-5)
+    assert A.privbon_noise_scale(eps, 1.0) == A.gumbel_noise_scale(eps, 1.0)
+    sx, sz = A.privitp_noise_scales(8 * eps, 1e-2, n, 0.05, 1.0, 1.0)
+    assert A.gaussian_mechanism_epsilon(sx, 1.0, 1e-2) <= 4 * eps
+    eps_max = A.privitp_epsilon_max(n, 0.05, sx, sz, 1e-2, 1.0, 1.0)
+    assert 8 * eps * (1 - 1e-6) <= eps_max * (1 + 1e-6) and eps_max <= 8 * eps

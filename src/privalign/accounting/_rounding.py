@@ -23,3 +23,26 @@ def margin_up(x):
     x = np.asarray(x, dtype=float)
     out = x + np.abs(x) * REL_MARGIN
     return float(out) if out.ndim == 0 else out
+
+
+def smallest_scale(ok, start: float, rel_tol: float = 1e-12) -> float:
+    """The smallest scale s > 0 with ok(s), for ok false below a threshold and true above it.
+
+    Brackets the threshold by doubling/halving from ``start``, then bisects in log s; the result
+    is returned from above (ok holds there), so a calibrated noise scale is never too small.
+    """
+    hi = float(start)
+    while not ok(hi):
+        hi *= 2
+    lo = hi / 2
+    while ok(lo):
+        hi, lo = lo, lo / 2
+        if lo < 1e-300:
+            return hi
+    while hi - lo > rel_tol * hi:
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -10,11 +10,10 @@
 
 from __future__ import annotations
 
-import math
-
 from .._validation import check_count, check_positive
 from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale
 from .gumbel import gumbel_noise_scale
+from ._rounding import smallest_scale
 from .privitp import default_truncation, privitp_epsilon_max
 
 
@@ -52,19 +51,7 @@ def privitp_noise_scales(epsilon_max: float, delta: float, n: int, beta: float, 
     L = default_truncation(n) if truncation is None else truncation
     sigma_x = gaussian_mechanism_noise_scale(phase1_fraction * eps, sensitivity, delta)
 
-    def ok(log_sz: float) -> bool:
-        return privitp_epsilon_max(n, beta, sigma_x, math.exp(log_sz), delta, sensitivity, r_max, L) <= eps
-
-    hi = math.log(sensitivity) + 1.0
-    while not ok(hi):
-        hi += 1.0
-    lo = hi - 1.0
-    while ok(lo):
-        lo -= 1.0
-    while hi - lo > 1e-9:
-        mid = 0.5 * (lo + hi)
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return sigma_x, math.exp(hi)
+    sigma_z = smallest_scale(
+        lambda sz: privitp_epsilon_max(n, beta, sigma_x, sz, delta, sensitivity, r_max, L) <= eps,
+        sensitivity, rel_tol=1e-9)
+    return sigma_x, sigma_z

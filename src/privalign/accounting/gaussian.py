@@ -24,7 +24,7 @@ from scipy import special
 
 from .._special import log_gaussian_power_mean
 from .._validation import check_count, check_delta, check_positive
-from ._rounding import margin_up
+from ._rounding import margin_up, smallest_scale
 
 _METHODS = ("analytic", "classic")
 
@@ -108,17 +108,7 @@ def gaussian_mechanism_noise_scale(epsilon: float, sensitivity: float, delta: fl
     if _check_method(method) == "classic":
         return margin_up(_classic_constant(delta_r, delta) / _classic_valid(eps))
     log_target = math.log(delta)
-
-    def ok(s):
-        return _log_delta_analytic(eps, s, delta_r) <= log_target
-
-    hi = delta_r
-    while not ok(hi):
-        hi *= 2
-    lo = hi / 2
-    while ok(lo) and lo > 1e-300:
-        lo /= 2
-    return margin_up(_bisect_up(ok, lo, hi))
+    return margin_up(smallest_scale(lambda s: _log_delta_analytic(eps, s, delta_r) <= log_target, delta_r))
 
 
 def _check_rnm(sensitivity, r_max, n):
@@ -153,21 +143,5 @@ def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n
     if n == 1:
         return 0.0 + np.finfo(float).tiny  # one candidate: selection reveals nothing
 
-    def ok(log_s):
-        return margin_up(_rnm_epsilon_raw(math.exp(log_s), delta_r, r_max, n)) <= eps
-
-    hi = math.log(2 * delta_r / eps) + 1.0
-    while not ok(hi):
-        hi += 1.0
-    lo = hi - 1.0
-    while ok(lo):
-        lo -= 1.0
-    for _ in range(200):
-        if hi - lo <= 1e-13:
-            break
-        mid = 0.5 * (lo + hi)
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return math.exp(hi)
+    return smallest_scale(lambda sigma: margin_up(_rnm_epsilon_raw(sigma, delta_r, r_max, n)) <= eps,
+                          2 * delta_r / eps)
