@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -175,6 +175,114 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
                       progress=lambda name, done, total: bar.update(task, completed=done, total=total,
                                                                      description=name))
     console.print(f"wrote {out} (open {out}/report.html)")
+
+
+rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")
+app.add_typer(rm_app, name="rm")
+
+
+def _generator(model: str, backend: str, base_url: Optional[str]):
+    if backend == "transformers":
+        from .backends.transformers_backend import TransformersGenerator
+
+        return TransformersGenerator(model)
+    if backend == "llamacpp":
+        from .backends.llamacpp_backend import LlamaCppGenerator
+
+        return LlamaCppGenerator(model)
+    if backend == "vllm":
+        from .backends.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(model)
+    if backend == "openai":
+        if not base_url:
+            _fail("--backend openai needs --base-url")
+        from .backends.openai_backend import OpenAIGenerator
+
+        return OpenAIGenerator(base_url, model)
+    _fail(f"--backend must be transformers, llamacpp, vllm or openai, got {backend!r}")
+
+
+@app.command()
+def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] or arithmetic"),
+             split: str = typer.Option("test"),
+             limit: Optional[int] = typer.Option(None, help="first N problems"),
+             samples: int = typer.Option(64, help="responses per prompt"),
+             model: str = typer.Option("smollm2", help="'smollm2' (embedded), a path, a .gguf file or a Hub id"),
+             backend: str = typer.Option("transformers", help="transformers, llamacpp, vllm or openai"),
+             base_url: Optional[str] = typer.Option(None, help="openai backend: server URL"),
+             temperature: float = typer.Option(1.0),
+             max_new_tokens: Optional[int] = typer.Option(None, help="default: the task's"),
+             seed: int = typer.Option(0),
+             shard_size: int = typer.Option(10, help="prompts per shard (the unit of resumption)"),
+             data_dir: Optional[str] = typer.Option(None, help="datasets folder (default: ../shared/data)"),
+             out: Path = typer.Option(..., help="output pool (Parquet)")):
+    """Sample responses with a real model, grade them, and write a pool (sharded, resumable)."""
+    from .pipeline import generate_pool
+    from .tasks import get_task
+
+    try:
+        t = get_task(task, data_dir)
+        problems = t.load(split, limit)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    gen = _generator(model, backend, base_url)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                  console=console) as bar:
+        job = bar.add_task("prompts", total=len(problems), info="")
+
+        def show(st):
+            rate = st["tokens"] / st["gen_seconds"] if st["gen_seconds"] else 0.0
+            bar.update(job, completed=st["prompts_done"], info=f"{st['samples']} samples, {rate:.0f} tok/s")
+
+        pool = generate_pool(t, problems, gen, out, samples=samples, temperature=temperature,
+                             max_new_tokens=max_new_tokens, seed=seed, shard_size=shard_size, split=split,
+                             progress=show)
+    console.print(f"wrote {out}: {pool.n_rows} responses, mean accuracy {float(np.mean(pool.columns['true_reward'])):.3f}")
+
+
+@app.command()
+def score(pool: Path = typer.Argument(...),
+          reward: list[str] = typer.Option(..., help="minilm-bt:PATH, hf:PATH_OR_ID or http:URL (repeatable)")):
+    """Score a pool's responses with reward models: adds one reward:<name> column each."""
+    from .pipeline import score_pool
+    from .rewards import load_reward
+
+    try:
+        models = [load_reward(r) for r in reward]
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    with _progress() as bar:
+        job = bar.add_task("scoring", total=None)
+        p = score_pool(pool, models, progress=lambda d, t: bar.update(job, completed=d, total=t))
+    console.print(f"scored {pool}: rewards {p.reward_names}, clipped {p.metadata.get('clipped')}")
+
+
+@rm_app.command("train")
+def rm_train(task: str = typer.Option("gsm8k", help="gsm8k or arithmetic: preference pairs from the train split"),
+             limit: Optional[int] = typer.Option(None, help="first N training problems (one pair each)"),
+             lam: float = typer.Option(1e-2, help="L2 regularisation lambda"),
+             pairs_per_person: int = typer.Option(1, help="k: pairs one person contributes"),
+             seed: int = typer.Option(0),
+             name: str = typer.Option("minilm-bt"),
+             data_dir: Optional[str] = typer.Option(None),
+             out: Path = typer.Option(..., help="output model (JSON)")):
+    """Train the certified embedding Bradley-Terry reward model and print its certificate."""
+    from .rewards import EmbeddingBTReward
+    from .rewards.preferences import preference_pairs
+
+    try:
+        prompts, chosen, rejected = preference_pairs(task, limit, seed, data_dir)
+        model = EmbeddingBTReward.train(prompts, chosen, rejected, lam=lam, pairs_per_person=pairs_per_person,
+                                        name=name, meta={"task": task, "pairs": len(prompts), "seed": seed})
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    model.save(out)
+    lo, hi = model.output_range
+    console.print(f"wrote {out}: {len(prompts)} pairs, train pair accuracy {model.meta['train_pair_accuracy']:.3f}, "
+                  f"certified Delta_r = {model.sensitivity:.4g} on output range [{lo:.3g}, {hi:.3g}] "
+                  f"({model.sensitivity / (hi - lo):.3%} of its width)")
 
 
 @pool_app.command("info")

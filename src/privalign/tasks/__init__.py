@@ -1,0 +1,25 @@
+"""Tasks and graders: GSM8K, MATH-500 (math-verify), MMLU (letters), and a built-in arithmetic family."""
+
+from .arithmetic import Arithmetic
+from .base import Problem, Task, data_dir
+from .gsm8k import GSM8K
+from .math500 import MATH500
+from .mmlu import MMLU
+
+TASKS = ("gsm8k", "math500", "mmlu", "arithmetic")
+
+
+def get_task(name: str, data: str | None = None) -> Task:
+    """``gsm8k``, ``math500``, ``arithmetic``, ``mmlu`` (college mathematics) or ``mmlu:<subject>``."""
+    if name == "gsm8k":
+        return GSM8K(data)
+    if name == "math500":
+        return MATH500(data)
+    if name == "arithmetic":
+        return Arithmetic()
+    if name == "mmlu" or name.startswith("mmlu:"):
+        return MMLU(name.split(":", 1)[1] if ":" in name else "college_mathematics", data)
+    raise ValueError(f"task must be one of {TASKS} (or mmlu:<subject>), got {name!r}")
+
+
+__all__ = ["Arithmetic", "GSM8K", "MATH500", "MMLU", "Problem", "TASKS", "Task", "data_dir", "get_task"]
