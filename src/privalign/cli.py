@@ -285,6 +285,30 @@ def rm_train(task: str = typer.Option("gsm8k", help="gsm8k or arithmetic: prefer
                   f"({model.sensitivity / (hi - lo):.3%} of its width)")
 
 
+@app.command()
+def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default: embedded model pair, SQLite ledger)"),
+          host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
+          workers: int = typer.Option(1, help="uvicorn worker processes (they share the ledger)")):
+    """Serve private Best-of-N over an OpenAI-compatible HTTP API with a durable privacy ledger."""
+    import uvicorn
+
+    from .server import load_config
+
+    try:
+        cfg = load_config(config)
+    except Exception as e:
+        _fail(f"invalid config: {e}")
+    if workers > 1:
+        import os
+
+        os.environ["PRIVALIGN_CONFIG"] = str(config) if config else ""
+        uvicorn.run("privalign.server.main:app", host=host, port=port, workers=workers, log_level="warning")
+    else:
+        from .server.http import create_app
+
+        uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning")
+
+
 @pool_app.command("info")
 def pool_info(pool: Path):
     """Print what a pool holds."""

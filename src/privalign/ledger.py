@@ -1,0 +1,281 @@
+"""A durable privacy ledger: the privacy filter's rule inside database transactions.
+
+Every budget guards one reward model / private data set. Charging has two steps:
+
+1. ``reserve``: before generation, in one transaction, admit the query's worst case
+   (epsilon_max, delta) under the filter rule (``accounting.filter.admits``), or refuse.
+2. ``settle``: after selection, in one transaction, charge the realised cost
+   (``accounting.filter.charge_amount``: ex-post under FSRC, the worst case under basic
+   composition) and release the rest of the reservation.
+
+The record is append-only: one ``events`` row per reservation, settlement or recovery, never
+updated or deleted. Per-budget counters are updated in the same transactions, so admission does
+not scan the history; ``check`` recomputes them from the events. ``recover`` (run at start-up)
+settles every reservation whose request died at its worst case: it is never refunded, since the
+candidates may have been observed.
+
+Back ends share schema and logic: SQLite (a path; WAL mode, ``synchronous=FULL``, ``BEGIN
+IMMEDIATE``, safe across threads and processes on one machine) and PostgreSQL (a
+``postgresql://`` URL; ``SELECT ... FOR UPDATE`` row locks, for several replicas on several
+machines).
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .accounting.filter import COMPOSITIONS, Privacy, admits, charge_amount
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS budgets (
+        name TEXT PRIMARY KEY, tenant TEXT, epsilon_total DOUBLE PRECISION NOT NULL,
+        delta_total DOUBLE PRECISION NOT NULL, composition TEXT NOT NULL,
+        spent_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, spent_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
+        reserved_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, reserved_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
+        queries BIGINT NOT NULL DEFAULT 0, refusals BIGINT NOT NULL DEFAULT 0, open BIGINT NOT NULL DEFAULT 0)""",
+    """CREATE TABLE IF NOT EXISTS events (
+        id {serial}, budget TEXT NOT NULL, kind TEXT NOT NULL, reservation BIGINT, request_id TEXT,
+        epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+        epsilon_max DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS events_one_settlement ON events (reservation)",
+    "CREATE INDEX IF NOT EXISTS events_budget ON events (budget, kind)",
+]
+
+
+class BudgetExhausted(Exception):
+    def __init__(self, name: str, epsilon_max: float, delta: float, remaining: Privacy):
+        self.name, self.epsilon_max, self.delta, self.remaining = name, epsilon_max, delta, remaining
+        super().__init__(f"budget {name!r} cannot cover this query's worst case (epsilon_max={epsilon_max:.6g}, "
+                         f"delta={delta:.3g}); remaining epsilon={remaining.epsilon:.6g}, delta={remaining.delta:.3g}")
+
+
+class UnknownBudget(KeyError):
+    pass
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    name: str
+    tenant: str | None
+    total: Privacy
+    composition: str
+    spent: Privacy
+    reserved: Privacy
+    queries: int
+    refusals: int
+    open: int
+
+    @property
+    def remaining(self) -> Privacy:
+        return Privacy(max(self.total.epsilon - self.spent.epsilon - self.reserved.epsilon, 0.0),
+                       max(self.total.delta - self.spent.delta - self.reserved.delta, 0.0))
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "tenant": self.tenant, "composition": self.composition,
+                "epsilon_total": self.total.epsilon, "delta_total": self.total.delta,
+                "epsilon_spent": self.spent.epsilon, "delta_spent": self.spent.delta,
+                "epsilon_reserved": self.reserved.epsilon, "delta_reserved": self.reserved.delta,
+                "epsilon_remaining": self.remaining.epsilon, "delta_remaining": self.remaining.delta,
+                "queries": self.queries, "refusals": self.refusals, "open_reservations": self.open}
+
+
+_COLS = ("name, tenant, epsilon_total, delta_total, composition, spent_epsilon, spent_delta, reserved_epsilon, "
+         "reserved_delta, queries, refusals, open")
+
+
+def _state(row) -> BudgetState:
+    return BudgetState(row[0], row[1], Privacy(row[2], row[3]), row[4], Privacy(row[5], row[6]),
+                       Privacy(row[7], row[8]), int(row[9]), int(row[10]), int(row[11]))
+
+
+class Ledger:
+    """Open with a SQLite path or a ``postgresql://`` URL."""
+
+    def __init__(self, url: str, synchronous: str = "FULL"):
+        self.url = str(url)
+        self.postgres = self.url.startswith(("postgresql://", "postgres://"))
+        self.p = "%s" if self.postgres else "?"
+        self._local = threading.local()
+        self.synchronous = synchronous
+        with self._tx() as cur:
+            for stmt in SCHEMA:
+                cur.execute(stmt.format(serial="BIGSERIAL PRIMARY KEY" if self.postgres
+                                        else "INTEGER PRIMARY KEY AUTOINCREMENT"))
+
+    # ------------------------------------------------------------------ connections and transactions
+    def _conn(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self.postgres:
+                import psycopg
+
+                conn = psycopg.connect(self.url, autocommit=True)
+            else:
+                conn = sqlite3.connect(self.url, timeout=60.0, isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                conn.execute("PRAGMA busy_timeout=60000")
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self):
+        conn = self._conn()
+        cur = conn.cursor()
+        cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+        try:
+            yield cur
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("?", self.p)
+
+    def _lock(self, cur, name: str):
+        cur.execute(self._q(f"SELECT {_COLS} FROM budgets WHERE name = ?" + (" FOR UPDATE" if self.postgres else "")),
+                    (name,))
+        row = cur.fetchone()
+        if row is None:
+            raise UnknownBudget(name)
+        return _state(row)
+
+    def close(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    # ------------------------------------------------------------------ budgets
+    def set_budget(self, name: str, epsilon_total: float, delta_total: float = 0.0, composition: str = "fsrc",
+                   tenant: str | None = None) -> BudgetState:
+        """Create a budget, or raise an existing one (a total can only grow; composition is fixed)."""
+        if composition not in COMPOSITIONS:
+            raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
+        if not (epsilon_total > 0 and math.isfinite(epsilon_total)) or not (0 <= delta_total < 1):
+            raise ValueError(f"need epsilon_total > 0 and 0 <= delta_total < 1, got {epsilon_total!r}, {delta_total!r}")
+        with self._tx() as cur:
+            try:
+                state = self._lock(cur, name)
+            except UnknownBudget:
+                cur.execute(self._q("INSERT INTO budgets (name, tenant, epsilon_total, delta_total, composition) "
+                                    "VALUES (?, ?, ?, ?, ?)"), (name, tenant, epsilon_total, delta_total, composition))
+                return self._lock(cur, name)
+            if composition != state.composition:
+                raise ValueError(f"budget {name!r} uses {state.composition!r} composition; it cannot change")
+            if epsilon_total < state.total.epsilon or delta_total < state.total.delta:
+                raise ValueError(f"budget {name!r} can only be raised (now epsilon={state.total.epsilon}, "
+                                 f"delta={state.total.delta})")
+            cur.execute(self._q("UPDATE budgets SET epsilon_total = ?, delta_total = ? WHERE name = ?"),
+                        (epsilon_total, delta_total, name))
+            return self._lock(cur, name)
+
+    def budget(self, name: str) -> BudgetState:
+        cur = self._conn().cursor()
+        cur.execute(self._q(f"SELECT {_COLS} FROM budgets WHERE name = ?"), (name,))
+        row = cur.fetchone()
+        if row is None:
+            raise UnknownBudget(name)
+        return _state(row)
+
+    def budgets(self, tenant: str | None = None) -> list[BudgetState]:
+        cur = self._conn().cursor()
+        if tenant is None:
+            cur.execute(f"SELECT {_COLS} FROM budgets ORDER BY name")
+        else:
+            cur.execute(self._q(f"SELECT {_COLS} FROM budgets WHERE tenant = ? ORDER BY name"), (tenant,))
+        return [_state(r) for r in cur.fetchall()]
+
+    # ------------------------------------------------------------------ the two steps
+    def reserve(self, name: str, epsilon_max: float, delta: float, request_id: str | None = None) -> int:
+        """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes)."""
+        if not (epsilon_max >= 0 and math.isfinite(epsilon_max)) or not (0 <= delta < 1):
+            raise ValueError(f"invalid worst case epsilon_max={epsilon_max!r}, delta={delta!r}")
+        with self._tx() as cur:
+            s = self._lock(cur, name)
+            if not admits(s.spent, s.reserved, s.total, epsilon_max, delta):
+                cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (name,))
+                refused = BudgetExhausted(name, epsilon_max, delta, s.remaining)
+            else:
+                refused = None
+                cur.execute(self._q("INSERT INTO events (budget, kind, request_id, epsilon, delta, epsilon_max, created) "
+                                    "VALUES (?, 'reserve', ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
+                            (name, request_id or uuid.uuid4().hex, epsilon_max, delta, epsilon_max, time.time()))
+                rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
+                cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
+                                    "reserved_delta = reserved_delta + ?, open = open + 1 WHERE name = ?"),
+                            (epsilon_max, delta, name))
+        if refused is not None:
+            raise refused
+        return rid
+
+    def settle(self, reservation: int, epsilon: float | None = None, kind: str = "settle") -> float:
+        """Charge the realised cost (``None``: the worst case) and release the rest, atomically."""
+        with self._tx() as cur:
+            cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max FROM events WHERE id = ? AND kind = 'reserve'"),
+                        (reservation,))
+            row = cur.fetchone()
+            if row is None:
+                raise KeyError(f"no reservation {reservation}")
+            name, request_id, delta, eps_max = row
+            s = self._lock(cur, name)
+            amount = charge_amount(s.composition, eps_max if epsilon is None else float(epsilon), eps_max)
+            # the unique index on events(reservation) makes a second settlement fail
+            cur.execute(self._q("INSERT INTO events (budget, kind, reservation, request_id, epsilon, delta, epsilon_max, "
+                                "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
+                        (name, kind, reservation, request_id, amount, delta, eps_max, time.time()))
+            clamp = "GREATEST" if self.postgres else "MAX"
+            cur.execute(self._q(f"UPDATE budgets SET spent_epsilon = spent_epsilon + ?, spent_delta = spent_delta + ?, "
+                                f"reserved_epsilon = {clamp}(reserved_epsilon - ?, 0), "
+                                f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
+                                f"queries = queries + 1, open = open - 1 WHERE name = ?"),
+                        (amount, delta, eps_max, delta, name))
+        return amount
+
+    def recover(self) -> int:
+        """Settle every open reservation at its worst case (their requests died). Run at start-up,
+        when no request of this ledger is in flight."""
+        cur = self._conn().cursor()
+        cur.execute("SELECT r.id FROM events r WHERE r.kind = 'reserve' AND NOT EXISTS "
+                    "(SELECT 1 FROM events s WHERE s.reservation = r.id)")
+        ids = [r[0] for r in cur.fetchall()]
+        for rid in ids:
+            self.settle(rid, None, kind="recover")
+        return len(ids)
+
+    def charges(self, name: str) -> list[tuple]:
+        """(request_id, kind, epsilon charged, delta) of every settled query of a budget."""
+        cur = self._conn().cursor()
+        cur.execute(self._q("SELECT request_id, kind, epsilon, delta FROM events WHERE budget = ? AND kind != 'reserve' "
+                            "ORDER BY id"), (name,))
+        return cur.fetchall()
+
+    def check(self) -> list[str]:
+        """Recompute every budget from its events; return the inconsistencies found (none: [])."""
+        problems = []
+        for s in self.budgets():
+            cur = self._conn().cursor()
+            cur.execute(self._q("SELECT kind, epsilon, delta, epsilon_max, reservation, id FROM events WHERE budget = ?"),
+                        (s.name,))
+            rows = cur.fetchall()
+            settled = [r for r in rows if r[0] != "reserve"]
+            settled_ids = {r[4] for r in settled}
+            open_ = [r for r in rows if r[0] == "reserve" and r[5] not in settled_ids]
+            spent = math.fsum(r[1] for r in settled)
+            reserved = math.fsum(r[3] for r in open_)
+            if not math.isclose(spent, s.spent.epsilon, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{s.name}: counters say spent {s.spent.epsilon}, events say {spent}")
+            if len(open_) != s.open or not math.isclose(reserved, s.reserved.epsilon, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{s.name}: {s.open} open reservations by counter, {len(open_)} by events")
+            if spent + reserved > s.total.epsilon * (1 + 1e-12):
+                problems.append(f"{s.name}: spent {spent} + reserved {reserved} exceeds the total {s.total.epsilon}")
+            if len(settled) != s.queries:
+                problems.append(f"{s.name}: {s.queries} queries by counter, {len(settled)} settlements")
+        return problems

@@ -1,0 +1,280 @@
+"""The private Best-of-N service: OpenAI-compatible endpoints over a durable privacy ledger.
+
+POST /v1/chat/completions and /v1/completions answer with the selected response. privalign's
+options ride in the request body under ``privalign`` (the stock ``openai`` client sends them with
+``extra_body={"privalign": {...}}``):
+
+    {"mechanism": "privbon" | "privitp", "n": 16, "epsilon": 1.0, "noise_scale": ..., "beta": 0.05,
+     "sigma_x": ..., "sigma_z": ..., "budget": "default"}
+
+Each request: validate (4xx, nothing charged) -> reserve the worst case in the ledger (429 when
+the budget cannot cover it) -> generate and score candidates -> select -> settle the realised cost
+(durable) -> respond. The response carries a ``privalign`` block: mechanism, n, candidates
+generated, halting time, epsilon charged, budget remaining.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from .. import accounting as A
+from .. import mechanisms as M
+from ..ledger import BudgetExhausted, Ledger, UnknownBudget
+from ..rewards import RewardModel, score_checked
+from .config import ServiceConfig
+
+
+class StubGenerator:
+    """A fast fake language model for measuring the service itself (``backend = "stub"``)."""
+
+    name = "stub"
+
+    def generate(self, messages, k, *, max_new_tokens=8, temperature=1.0, seed=None):
+        from ..backends.base import Generation
+
+        return [Generation(f"candidate {secrets.token_hex(4)}", 3, None) for _ in range(k)]
+
+
+class StubReward(RewardModel):
+    """A deterministic score in [0, 1] from a hash of the text (``kind = "stub"``)."""
+
+    name = "stub"
+    output_range = (0.0, 1.0)
+
+    def score(self, prompts, responses):
+        return np.array([int.from_bytes(hashlib.blake2b(r.encode(), digest_size=4).digest(), "big") / 2**32
+                         for r in responses])
+
+
+def build_generator(cfg: ServiceConfig):
+    g = cfg.generator
+    if g.backend == "stub":
+        return StubGenerator()
+    if g.backend == "transformers":
+        from ..backends.transformers_backend import TransformersGenerator
+
+        return TransformersGenerator(g.model)
+    if g.backend == "llamacpp":
+        from ..backends.llamacpp_backend import LlamaCppGenerator
+
+        return LlamaCppGenerator(g.model)
+    if g.backend == "vllm":
+        from ..backends.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(g.model)
+    from ..backends.openai_backend import OpenAIGenerator
+
+    return OpenAIGenerator(g.base_url or "http://127.0.0.1:8001", g.model)
+
+
+def build_reward(cfg: ServiceConfig) -> RewardModel:
+    r = cfg.reward
+    if r.kind == "stub":
+        model = StubReward()
+    elif r.kind == "minilm-bt":
+        from importlib import resources
+
+        from ..rewards import EmbeddingBTReward
+
+        path = r.path or str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json")
+        model = EmbeddingBTReward.load(path)
+    elif r.kind == "hf":
+        from ..rewards.hf import HFReward
+
+        model = HFReward(r.path, output_range=r.output_range or (-10.0, 10.0))
+    else:
+        from ..rewards import HTTPReward
+
+        model = HTTPReward(r.path, r.output_range or (-1e9, 1e9))
+    if r.output_range is not None:
+        model.output_range = tuple(r.output_range)
+    if r.sensitivity is not None:
+        model.sensitivity = r.sensitivity
+    return model
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, kind: str, message: str, **extra):
+        self.status, self.kind, self.message, self.extra = status, kind, message, extra
+        super().__init__(message)
+
+    def body(self) -> dict:
+        return {"error": {"type": self.kind, "message": self.message, **self.extra}}
+
+
+class Service:
+    """Everything but HTTP: usable directly, and wrapped by ``create_app``."""
+
+    def __init__(self, cfg: ServiceConfig, generator=None, reward: RewardModel | None = None):
+        self.cfg = cfg
+        self.ledger = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous)
+        self.recovered = self.ledger.recover()  # requests that died with the last process
+        for b in cfg.budgets:
+            try:
+                self.ledger.budget(b.name)
+            except UnknownBudget:
+                self.ledger.set_budget(b.name, b.epsilon_total, b.delta_total, b.composition, b.tenant)
+        self.generator = generator or build_generator(cfg)
+        self.reward = reward or build_reward(cfg)
+        lo, hi = self.reward.output_range
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError("the reward model needs a finite declared output_range in the config")
+        self.range = (lo, hi)
+        self.sensitivity = self.reward.sensitivity or (hi - lo)
+        self.gen_lock = threading.Lock()
+        self._init_metrics()
+
+    def _init_metrics(self):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        self.m_queries = Counter("privalign_queries", "answered queries", ["budget", "mechanism"], registry=self.registry)
+        self.m_refusals = Counter("privalign_refusals", "queries refused for lack of budget", ["budget"],
+                                  registry=self.registry)
+        self.m_epsilon = Counter("privalign_epsilon_spent", "epsilon charged", ["budget"], registry=self.registry)
+        self.m_candidates = Counter("privalign_candidates_generated", "candidates generated", registry=self.registry)
+        self.m_latency = Histogram("privalign_request_seconds", "latency of answered queries", registry=self.registry,
+                                   buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
+        self.m_ledger = Histogram("privalign_ledger_seconds", "time in ledger transactions", registry=self.registry,
+                                  buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
+
+    # ------------------------------------------------------------------ auth
+    def caller(self, key: str | None) -> tuple[str, str | None]:
+        """('admin', None) or ('client', tenant); 401 otherwise."""
+        if key in self.cfg.admin_keys:
+            return "admin", None
+        if key in self.cfg.clients:
+            return "client", self.cfg.clients[key].tenant
+        raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer KEY)")
+
+    # ------------------------------------------------------------------ options
+    def options(self, ext: dict | None, tenant: str | None) -> dict:
+        d = self.cfg.mechanism
+        ext = dict(ext or {})
+        unknown = set(ext) - {"mechanism", "n", "epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "budget", "delta"}
+        if unknown:
+            raise ApiError(400, "invalid_request", f"unknown privalign option(s): {sorted(unknown)}")
+        mech = ext.get("mechanism", d.name)
+        if mech not in ("privbon", "privitp"):
+            raise ApiError(400, "invalid_request", f"privalign.mechanism must be 'privbon' or 'privitp', got {mech!r}")
+        n = ext.get("n", d.n)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.cfg.max_n:
+            raise ApiError(400, "invalid_request", f"privalign.n must be an integer in [1, {self.cfg.max_n}], got {n!r}")
+        o = {"mechanism": mech, "n": n}
+        for key in ("epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "delta"):
+            v = ext.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+                raise ApiError(400, "invalid_request", f"privalign.{key} must be a positive number, got {v!r}")
+        if "delta" in ext and not ext["delta"] < 1:
+            raise ApiError(400, "invalid_request", f"privalign.delta must lie in (0, 1), got {ext['delta']!r}")
+        o.update(beta=ext.get("beta", d.beta), sigma_x=ext.get("sigma_x", d.sigma_x), sigma_z=ext.get("sigma_z", d.sigma_z),
+                 delta=ext.get("delta", d.delta))
+        if mech == "privbon":
+            if "epsilon" in ext and "noise_scale" in ext:
+                raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
+            if "noise_scale" in ext:
+                o["noise_scale"] = ext["noise_scale"]
+            else:
+                eps = ext.get("epsilon", d.epsilon)
+                o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
+            o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
+        else:
+            r_max = self.range[1] - self.range[0]
+            o["epsilon_max"] = A.privitp_epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"],
+                                                     self.sensitivity, r_max)
+        budget = ext.get("budget")
+        if budget is None:
+            mine = [b.name for b in self.cfg.budgets if tenant is None or b.tenant == tenant]
+            if not mine:
+                raise ApiError(403, "forbidden", "no budget is configured for this client's tenant")
+            budget = mine[0]
+        try:
+            state = self.ledger.budget(budget)
+        except UnknownBudget:
+            raise ApiError(404, "not_found", f"unknown budget {budget!r}") from None
+        if tenant is not None and state.tenant != tenant:
+            raise ApiError(403, "forbidden", f"budget {budget!r} belongs to another tenant")
+        o["budget"] = budget
+        return o
+
+    # ------------------------------------------------------------------ one query
+    def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None) -> dict:
+        t0 = time.perf_counter()
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
+            raise ApiError(400, "invalid_request", "messages must be a non-empty list of {role, content}")
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > self.cfg.max_prompt_chars:
+            raise ApiError(400, "invalid_request", f"prompt has {chars} characters, over the cap of "
+                                                   f"{self.cfg.max_prompt_chars}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ApiError(400, "invalid_request", f"max_tokens must be a positive integer, got {max_tokens!r}")
+        o = self.options(ext, tenant)
+        request_id = uuid.uuid4().hex
+        t_l = time.perf_counter()
+        try:
+            rid = self.ledger.reserve(o["budget"], o["epsilon_max"], o["delta"], request_id)
+        except BudgetExhausted as e:
+            self.m_refusals.labels(o["budget"]).inc()
+            raise ApiError(429, "budget_exhausted", str(e), budget=o["budget"], epsilon_max=o["epsilon_max"],
+                           epsilon_remaining=e.remaining.epsilon) from None
+        ledger_s = time.perf_counter() - t_l
+        try:
+            text, sel, generated = self._select(messages, o, max_tokens)
+        except BaseException as e:
+            # generation or scoring failed after the reservation: charge the worst case (never refund)
+            self.ledger.settle(rid, None)
+            if isinstance(e, ValueError):
+                raise ApiError(502, "backend_error", f"the reward model or generator failed: {e}") from None
+            raise
+        t_l = time.perf_counter()
+        charged = self.ledger.settle(rid, sel.epsilon)  # durable before the response leaves
+        ledger_s += time.perf_counter() - t_l
+        state = self.ledger.budget(o["budget"])
+        self.m_ledger.observe(ledger_s)
+        self.m_queries.labels(o["budget"], o["mechanism"]).inc()
+        self.m_epsilon.labels(o["budget"]).inc(charged)
+        self.m_candidates.inc(generated)
+        self.m_latency.observe(time.perf_counter() - t0)
+        return {"text": text, "privalign": {
+            "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
+            "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": charged,
+            "delta_charged": o["delta"], "epsilon_max": o["epsilon_max"], "budget": o["budget"],
+            "budget_remaining": {"epsilon": state.remaining.epsilon, "delta": state.remaining.delta}}}
+
+    def _generate(self, messages, k, max_tokens):
+        with self.gen_lock:
+            return self.generator.generate(messages, k, max_new_tokens=max_tokens or self.cfg.generator.max_new_tokens,
+                                           temperature=self.cfg.generator.temperature)
+
+    def _scores(self, messages, texts):
+        prompt = messages[-1]["content"]
+        return score_checked(self.reward, [prompt] * len(texts), texts).scores
+
+    def _select(self, messages, o, max_tokens):
+        n = o["n"]
+        first = [g.text for g in self._generate(messages, n, max_tokens)]
+        r1 = self._scores(messages, first)
+        if o["mechanism"] == "privbon":
+            sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range)
+            return first[sel.index], sel, n
+        phase2: list[str] = []
+
+        def next_reward():  # Phase 2: one fresh candidate at a time, only until acceptance
+            text = self._generate(messages, 1, max_tokens)[0].text
+            phase2.append(text)
+            return float(self._scores(messages, [text])[0])
+
+        sel = M.privitp(r1, next_reward, beta=o["beta"], sigma_x=o["sigma_x"], sigma_z=o["sigma_z"], delta=o["delta"],
+                        sensitivity=self.sensitivity, reward_range=self.range)
+        if sel.fallback:
+            text = self._generate(messages, 1, max_tokens)[0].text  # a fresh draw from the base policy
+            return text, sel, n + len(phase2) + 1
+        return phase2[sel.index], sel, n + len(phase2)
