@@ -14,11 +14,15 @@ wide = arrays(float, st.integers(1, 300), elements=st.floats(-50, 50))
 FAST = settings(max_examples=60, deadline=None)
 
 
+# dyadic rewards and shifts (multiples of 1/64): r + c is exact, so ties are neither created nor broken
+dyadic = arrays(float, st.integers(1, 40), elements=st.integers(13, 45).map(lambda k: k / 64))
+
+
 @FAST
-@given(inner, st.floats(-0.2, 0.3), st.floats(0.01, 3.0))
+@given(dyadic, st.integers(-12, 19).map(lambda k: k / 64), st.floats(0.01, 3.0))
 def test_shift_inside_range_leaves_bon_and_privbon_laws_unchanged(r, c, sigma):
-    rr = (r + c).clip(0, 1)  # r + c stays in [0, 1] here; clip only guards float rounding
-    assert np.allclose(theory.bon_law(r), theory.bon_law(rr)) or np.ptp(r) < 1e-12
+    rr = r + c  # stays inside [0, 1]
+    assert np.array_equal(theory.bon_law(r), theory.bon_law(rr))
     assert np.allclose(theory.privbon_law(r, sigma, reward_range=(0, 1)),
                        theory.privbon_law(rr, sigma, reward_range=(0, 1)), rtol=1e-9, atol=1e-12)
 
@@ -58,7 +62,9 @@ def test_epsilon2_monotone_in_t_and_in_sigma_z(s1, s2, lam, n):
     assert np.all(np.diff(e) >= 0)
     assert A.privitp_epsilon2(None, lam, s1, 1.0, 1.0, L, n=n) >= 0
     lo, hi = sorted((s1, s2))
-    assert np.all(A.privitp_epsilon2(t, lam, lo, 1.0, 1.0, L) >= A.privitp_epsilon2(t, lam, hi, 1.0, 1.0, L))
+    # monotone up to the function's relative accuracy (~1e-12): sigma_z one ulp apart must not fail
+    e_lo, e_hi = A.privitp_epsilon2(t, lam, lo, 1.0, 1.0, L), A.privitp_epsilon2(t, lam, hi, 1.0, 1.0, L)
+    assert np.all(e_lo >= e_hi * (1 - 1e-10))
 
 
 @FAST

@@ -76,16 +76,17 @@ def noise_sweep(pool: GroupedPool, base: EvalSettings, sigmas=SIGMA_GRID, n: int
 
 def multi_query(pool: GroupedPool, base: EvalSettings, sigmas=(0.5, 1.0, 2.0, 4.0), seeds: int = 10,
                 n: int = 16, beta: float = 0.05, epsilon_total: float = 50.0, delta: float = 1e-2,
-                max_queries: int = 100_000) -> list[dict]:
+                sensitivity: float = 1.0, max_queries: int = 100_000) -> list[dict]:
     """Answer a stream of prompts with the real PrivITP mechanism under a total budget.
 
     Each query picks the next prompt of a seeded shuffle, draws two independent batches of n from
     its pool and charges the realised ex-post epsilon (FSRC) or epsilon_max (basic). The stream
-    stops at the first query whose worst case no longer fits. delta_total is large enough never to
-    bind, so epsilon is what limits the stream, as in the paper.
+    stops at the first query whose worst case no longer fits. As in the paper, Delta_r = R_max
+    (``sensitivity=1`` in units of the range). delta_total is just below 1; since every query
+    spends delta and deltas add, no stream can exceed floor((1 - 1e-9) / delta) - 1 = 98 to 99
+    queries at delta = 0.01, whatever epsilon allows.
     """
     prep = prepare(pool, base)
-    sensitivity = 1.0 if base.sensitivity is None else base.sensitivity
     rows = []
     for sigma in sigmas:
         sx = sz = sigma / 2

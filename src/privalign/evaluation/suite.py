@@ -68,6 +68,7 @@ def _write_main(tmp: Path, result: EvalResult) -> list[dict]:
 
 def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=None,
                  progress: Progress | None = None) -> Path:
+    settings = declared_reward(pool, settings).check()
     grouped = pool.grouped(settings.reward)
     cb = (lambda d, t: progress("evaluate", d, t)) if progress else None
     result = evaluate(grouped, settings, progress=cb)
@@ -78,11 +79,34 @@ def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=
     return Path(out)
 
 
-def default_pool(prompts: int = 120, samples: int = 2000, seed: int = 0) -> Pool:
-    """The embedded default pool of ``reproduce``: the ``hackable`` simulation world."""
-    from ..simulate import simulate
+DEFAULT_POOL = "arithmetic-smollm2.parquet"
 
-    return simulate("hackable", prompts, samples, seed=seed)
+
+def default_pool() -> tuple[Pool, str]:
+    """The embedded default pool of ``reproduce``: a real pool built with the embedded models
+    (SmolLM2-135M-Instruct on the arithmetic family, scored by the certified MiniLM reward model;
+    docs/pipeline.md has the commands that rebuild it)."""
+    from importlib import resources
+
+    from ..pools import load_pool
+
+    path = resources.files("privalign") / "data" / DEFAULT_POOL
+    return load_pool(str(path)), f"embedded default: {DEFAULT_POOL}"
+
+
+def declared_reward(pool: Pool, settings: EvalSettings) -> EvalSettings:
+    """Use the reward model's declared output range and certified sensitivity when the pool records
+    them (and the scores are not re-normalised): a fixed range, as a deployment would declare."""
+    info = pool.metadata.get("reward_model_info", {})
+    name = settings.reward or pool.metadata.get("default_reward") or (pool.reward_names or [None])[0]
+    rm = info.get(name) if name else None
+    if not rm or settings.normalisation != "none" or settings.reward_range is not None:
+        return settings
+    lo, hi = rm["output_range"]
+    out = replace(settings, reward=name, reward_range=(lo, hi))
+    if settings.sensitivity is None and rm.get("sensitivity"):
+        out = replace(out, sensitivity=min(1.0, rm["sensitivity"] / (hi - lo)))
+    return out
 
 
 def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, settings: EvalSettings | None = None,
@@ -96,9 +120,8 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     3. ITP versus PrivITP across noise; 4. the multi-query FSRC experiment; 5. the budget table.
     """
     if pool is None:
-        pool = default_pool()
-        pool_path = "embedded default: hackable world (120 prompts x 2000 samples, seed 0)"
-    s = (settings or EvalSettings()).check()
+        pool, pool_path = default_pool()
+    s = declared_reward(pool, settings or EvalSettings()).check()
     grouped = pool.grouped(s.reward)
     steps = 7
     step = 0

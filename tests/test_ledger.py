@@ -1,0 +1,103 @@
+"""The durable ledger on a real SQLite file and a real PostgreSQL server (started by .ci/run)."""
+
+import math
+import multiprocessing as mp
+import os
+
+import pytest
+
+from privalign.ledger import BudgetExhausted, Ledger, UnknownBudget
+
+PG = os.environ.get("PRIVALIGN_TEST_POSTGRES")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.db")
+    if not PG:
+        pytest.skip("PRIVALIGN_TEST_POSTGRES is not set (.ci/run starts a PostgreSQL server and sets it)")
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS events, budgets")
+    return PG
+
+
+def test_two_step_charging_fsrc_and_basic(url):
+    led = Ledger(url)
+    led.set_budget("f", 10.0, 0.1, "fsrc", tenant="t")
+    led.set_budget("b", 10.0, 0.1, "basic", tenant="t")
+    for name, expect in (("f", 0.5), ("b", 2.0)):
+        rid = led.reserve(name, 2.0, 0.01, "req-" + name)
+        held = led.budget(name)
+        assert held.reserved == (2.0, 0.01) and held.open == 1
+        assert led.settle(rid, 0.5) == expect
+        after = led.budget(name)
+        assert after.spent == (expect, 0.01) and after.reserved == (0.0, 0.0) and after.queries == 1
+        with pytest.raises(Exception):
+            led.settle(rid, 0.1)  # a reservation is settled once
+    with pytest.raises(ValueError, match="exceeds"):
+        led.settle(led.reserve("f", 1.0, 0.0), 1.5)  # an ex-post cost can never exceed the worst case
+    assert led.check() == [] or led.budget("f").open == 1
+
+
+def test_refusal_spends_nothing_and_totals_only_grow(url):
+    led = Ledger(url)
+    led.set_budget("x", 1.0, 0.0)
+    led.settle(led.reserve("x", 0.6, 0.0), 0.6)
+    before = led.budget("x")
+    with pytest.raises(BudgetExhausted):
+        led.reserve("x", 0.5, 0.0)
+    after = led.budget("x")
+    assert (after.spent, after.reserved, after.queries, after.refusals) == (before.spent, before.reserved, 1, 1)
+    with pytest.raises(ValueError, match="raised"):
+        led.set_budget("x", 0.5)
+    with pytest.raises(ValueError, match="composition"):
+        led.set_budget("x", 2.0, 0.0, "basic")
+    assert led.set_budget("x", 2.0).total.epsilon == 2.0
+    led.reserve("x", 0.5, 0.0)
+    with pytest.raises(UnknownBudget):
+        led.reserve("nope", 0.1, 0.0)
+
+
+def test_recovery_settles_dead_requests_at_their_worst_case(url):
+    led = Ledger(url)
+    led.set_budget("r", 5.0, 0.5)
+    led.reserve("r", 1.5, 0.01, "dead-1")
+    led.reserve("r", 0.5, 0.01, "dead-2")
+    led.close()
+    again = Ledger(url)  # a new process after a crash
+    assert again.recover() == 2
+    s = again.budget("r")
+    assert s.spent.epsilon == pytest.approx(2.0) and s.open == 0 and s.queries == 2
+    assert {c[0]: c[2] for c in again.charges("r")} == {"dead-1": 1.5, "dead-2": 0.5}
+    assert again.check() == []
+
+
+def _hammer(url, n, seed):
+    import numpy as np
+
+    led = Ledger(url)
+    rng = np.random.default_rng(seed)
+    ok = 0
+    for _ in range(n):
+        try:
+            rid = led.reserve("shared", float(rng.uniform(0.05, 0.2)), 1e-4)
+            led.settle(rid, float(rng.uniform(0.0, 0.05)))
+            ok += 1
+        except BudgetExhausted:
+            pass
+    return ok
+
+
+def test_processes_hammering_one_budget_never_overspend(url):
+    Ledger(url).set_budget("shared", 3.0, 0.9)
+    with mp.get_context("spawn").Pool(4) as pool:
+        answered = sum(pool.starmap(_hammer, [(url, 120, s) for s in range(4)]))
+    led = Ledger(url)
+    charges = led.charges("shared")
+    assert len(charges) == answered > 0
+    assert math.fsum(c[2] for c in charges) <= 3.0
+    assert led.check() == []
+    assert led.budget("shared").remaining.epsilon < 0.2  # it stopped only when a worst case no longer fit
