@@ -278,3 +278,23 @@ n = 4
         assert len(outs) == 2 and all(isinstance(o.text, str) for o in outs)
     finally:
         srv.stop()
+
+
+def test_reward_model_fault_is_502_and_charged_at_worst_case(tmp_path):
+    import numpy as np
+
+    from privalign.rewards import CallableReward
+    from privalign.server.app import ApiError, Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    cfg = ServiceConfig.model_validate({"ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"},
+                                        "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1},
+                                        "budgets": [{"name": "default", "epsilon_total": 10.0}]})
+    nan = CallableReward(lambda p, r: np.full(len(r), np.nan), (0.0, 1.0), sensitivity=0.1)
+    svc = Service(cfg, generator=StubGenerator(), reward=nan)
+    with pytest.raises(ApiError) as err:
+        svc.answer([{"role": "user", "content": "hi"}], {"mechanism": "privbon", "epsilon": 0.5}, "default")
+    assert err.value.status == 502 and "NaN" in err.value.message
+    state = svc.ledger.budget("default")
+    assert state.spent.epsilon == pytest.approx(0.5) and state.open == 0  # never refunded
+    assert svc.ledger.check() == []

@@ -15,6 +15,7 @@ generated, halting time, epsilon charged, budget remaining.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import secrets
@@ -100,6 +101,12 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
     return model
 
 
+@functools.lru_cache(maxsize=1024)
+def _epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> float:
+    """PrivITP's worst case per query (memoised: a service repeats its settings)."""
+    return A.privitp_epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
+
+
 class ApiError(Exception):
     def __init__(self, status: int, kind: str, message: str, **extra):
         self.status, self.kind, self.message, self.extra = status, kind, message, extra
@@ -129,6 +136,7 @@ class Service:
         self.range = (lo, hi)
         self.sensitivity = self.reward.sensitivity or (hi - lo)
         self.gen_lock = threading.Lock()
+        self.ledger_timings: list[float] = []  # seconds in ledger transactions per answered query
         self._init_metrics()
 
     def _init_metrics(self):
@@ -186,9 +194,8 @@ class Service:
                 o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
             o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
         else:
-            r_max = self.range[1] - self.range[0]
-            o["epsilon_max"] = A.privitp_epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"],
-                                                     self.sensitivity, r_max)
+            o["epsilon_max"] = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
+                                            self.range[1] - self.range[0])
         budget = ext.get("budget")
         if budget is None:
             mine = [b.name for b in self.cfg.budgets if tenant is None or b.tenant == tenant]
@@ -239,6 +246,8 @@ class Service:
         ledger_s += time.perf_counter() - t_l
         state = self.ledger.budget(o["budget"])
         self.m_ledger.observe(ledger_s)
+        if len(self.ledger_timings) < 1_000_000:
+            self.ledger_timings.append(ledger_s)
         self.m_queries.labels(o["budget"], o["mechanism"]).inc()
         self.m_epsilon.labels(o["budget"]).inc(charged)
         self.m_candidates.inc(generated)
