@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 test-all: $(STAMP)
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet 'llama-cpp-python>=0.3'
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

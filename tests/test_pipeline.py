@@ -163,3 +163,34 @@ def test_generate_resumes_after_interruption_and_score_adds_rewards(tmp_path, sm
     assert {"bt", "length", "logprob"} <= set(pool.reward_names)
     assert pool.metadata["reward_model_info"]["bt"]["sensitivity"] == rm.sensitivity
     assert pool.metadata["clipped"]["length"] == int(np.sum([len(str(x)) > 3 for x in pool.columns["response"]]))
+
+
+def test_http_scorer_against_a_live_scoring_endpoint():
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from privalign.rewards import HTTPReward
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            scores = [len(r) / 10 for r in body["responses"]]  # a scoring service of its own
+            data = json.dumps({"scores": scores}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rm = HTTPReward(f"http://127.0.0.1:{server.server_address[1]}/score", (0.0, 0.5))
+        s = score_checked(rm, ["q"] * 3, ["ab", "abcd", "abcdefghij"])
+        assert list(s.scores) == [0.2, 0.4, 0.5] and s.n_clipped == 1
+    finally:
+        server.shutdown()

@@ -62,8 +62,8 @@ def free_port():
 
 
 class Server:
-    def __init__(self, tmp_path, config: str, ledger_name="ledger.db"):
-        self.ledger_path = tmp_path / ledger_name
+    def __init__(self, tmp_path, config: str, ledger_name="ledger.db", ledger_url=None):
+        self.ledger_path = ledger_url or tmp_path / ledger_name
         self.config = tmp_path / "config.toml"
         self.config.write_text(f'ledger = "{self.ledger_path}"\n' + config)
         self.port = free_port()
@@ -185,8 +185,18 @@ def test_exhausted_budget_answers_429_and_never_overspends(tmp_path):
         srv.stop()
 
 
-def test_concurrent_clients_never_overspend(tmp_path):
-    srv = Server(tmp_path, STUB.format(total=20.0))
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_concurrent_clients_never_overspend(tmp_path, backend):
+    url = None
+    if backend == "postgres":
+        url = os.environ.get("PRIVALIGN_TEST_POSTGRES")
+        if not url:
+            pytest.skip("PRIVALIGN_TEST_POSTGRES is not set (.ci/run starts a PostgreSQL server and sets it)")
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS events, budgets")
+    srv = Server(tmp_path, STUB.format(total=20.0), ledger_url=url)
     srv.start()
     answered, lock = [], threading.Lock()
 

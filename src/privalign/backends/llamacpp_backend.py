@@ -17,7 +17,8 @@ class LlamaCppGenerator:
         except ImportError as e:  # pragma: no cover - depends on the optional extra
             raise ImportError("the llama.cpp backend needs: pip install 'privalign[llamacpp]'") from e
         path = str(smollm2_gguf()) if model == "smollm2" else model
-        self.llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, logits_all=False, verbose=False)
+        # logits_all: llama-cpp-python returns log-probabilities only for models created with it
+        self.llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, logits_all=True, verbose=False)
         self.name = f"{path} (llama.cpp)"
 
     def generate(self, messages, k, *, max_new_tokens=256, temperature=1.0, seed=None):
