@@ -158,7 +158,7 @@ def report(results: Path = typer.Argument(..., help="results directory")):
 
 
 @app.command()
-def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded simulation pool)"),
+def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded real arithmetic pool)"),
               replicates: int = typer.Option(50),
               n: str = typer.Option("1,2,4,...,4096", help="candidate counts of the main curves"),
               seed: int = typer.Option(0),
