@@ -27,10 +27,10 @@ class LlamaCppGenerator:
         for i in range(k):
             self.llm.set_seed((base + i) % (2**31))
             r = self.llm.create_chat_completion(messages=messages, max_tokens=max_new_tokens, temperature=temperature,
-                                                top_p=1.0, top_k=0, logprobs=True)
+                                                top_p=1.0, top_k=0, logprobs=True, top_logprobs=1)
             choice = r["choices"][0]
             lp = choice.get("logprobs") or {}
             tokens = lp.get("content") or []
-            logprob = sum(t["logprob"] for t in tokens) if tokens else None
+            logprob = float(sum(float(t["logprob"]) for t in tokens)) if tokens else None
             out.append(Generation(choice["message"]["content"], r["usage"]["completion_tokens"], logprob))
         return out
