@@ -34,7 +34,8 @@ def _client(url, seconds, mechanism, out_q):
     import httpx
 
     body = {"model": "stub", "messages": [{"role": "user", "content": "What is 2 + 2?"}],
-            "privalign": {"mechanism": mechanism, "n": 16, "epsilon": 0.001}}
+            "privalign": {"mechanism": mechanism, "n": 16, "epsilon": 0.001,
+                          **({"delta": 1e-8} if mechanism == "privitp" else {})}}  # delta must not bind
     ok = 0
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {CLIENT}"}, timeout=30) as c:
         end = time.time() + seconds
@@ -76,7 +77,7 @@ def ledger_overhead(ledger_url: str, requests=3000, threads=4) -> tuple[float, f
 
     def work():
         for _ in range(requests // threads):
-            svc.answer(msgs, {"mechanism": "privitp", "n": 16}, "default")
+            svc.answer(msgs, {"mechanism": "privitp", "n": 16, "delta": 1e-8}, "default")
 
     ts = [threading.Thread(target=work) for _ in range(threads)]
     for t in ts:

@@ -3,6 +3,7 @@
 import math
 import multiprocessing as mp
 import os
+import time
 
 import pytest
 
@@ -67,11 +68,17 @@ def test_recovery_settles_dead_requests_at_their_worst_case(url):
     led.reserve("r", 1.5, 0.01, "dead-1")
     led.reserve("r", 0.5, 0.01, "dead-2")
     led.close()
-    again = Ledger(url)  # a new process after a crash
-    assert again.recover() == 2
+    again = Ledger(url, lease=0.5)  # a new process after a crash
+    assert again.recover() == 2  # the dead process never heartbeat: its reservations are recovered at once
+    alive = Ledger(url, lease=60)
+    alive.heartbeat()
+    alive.reserve("r", 0.25, 0.0, "live")
+    assert again.recover() == 0  # a live process's reservation is left alone
+    time.sleep(0.6)  # the live process stops heartbeating: past the 0.5 s lease it counts as dead
+    assert Ledger(url, lease=0.5).recover() == 1
     s = again.budget("r")
-    assert s.spent.epsilon == pytest.approx(2.0) and s.open == 0 and s.queries == 2
-    assert {c[0]: c[2] for c in again.charges("r")} == {"dead-1": 1.5, "dead-2": 0.5}
+    assert s.spent.epsilon == pytest.approx(2.25) and s.open == 0 and s.queries == 3
+    assert {c[0]: c[2] for c in again.charges("r")} == {"dead-1": 1.5, "dead-2": 0.5, "live": 0.25}
     assert again.check() == []
 
 

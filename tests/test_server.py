@@ -1,6 +1,7 @@
 """The service against a real uvicorn server on loopback, a real SQLite ledger file, the stock
 openai client; kill -9 under load; and one run with the real embedded model pair."""
 
+import http.client
 import json
 import math
 import os
@@ -226,7 +227,7 @@ def test_concurrent_clients_never_overspend(tmp_path, backend):
 
 
 def test_kill_9_under_load_keeps_the_ledger_consistent(tmp_path):
-    srv = Server(tmp_path, STUB.format(total=1000.0))
+    srv = Server(tmp_path, "ledger_lease_s = 1.0\n" + STUB.format(total=1000.0))
     received, lock = [], threading.Lock()
     for round_ in range(3):
         srv.start()
@@ -236,8 +237,8 @@ def test_kill_9_under_load_keeps_the_ledger_consistent(tmp_path):
             while not stop.is_set():
                 try:
                     status, body = chat(srv.url, {"mechanism": "privitp", "n": 6})
-                except OSError:
-                    continue  # the server died mid-request: this answer was never received
+                except (OSError, ValueError, http.client.HTTPException):
+                    continue  # the server died mid-request or mid-response: this answer was never received
                 if status == 200:
                     with lock:
                         received.append(body["privalign"]["request_id"])
@@ -250,7 +251,10 @@ def test_kill_9_under_load_keeps_the_ledger_consistent(tmp_path):
         stop.set()
         for t in threads:
             t.join()
-    health = srv.start()  # the restart settles the reservations of the killed requests at their worst case
+    health = srv.start()  # the restarted service settles the killed requests' reservations at their worst case
+    deadline = time.time() + 10  # once the dead process's 1 s lease has expired
+    while call(srv.url, "/v1/budgets/acme-rm")[1]["open_reservations"] and time.time() < deadline:
+        time.sleep(0.2)
     srv.stop()
     ledger = Ledger(str(srv.ledger_path))
     assert ledger.check() == []

@@ -22,7 +22,10 @@ machines).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -40,12 +43,16 @@ SCHEMA = [
         reserved_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, reserved_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
         queries BIGINT NOT NULL DEFAULT 0, refusals BIGINT NOT NULL DEFAULT 0, open BIGINT NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS events (
-        id {serial}, budget TEXT NOT NULL, kind TEXT NOT NULL, reservation BIGINT, request_id TEXT,
+        id {serial}, budget TEXT NOT NULL, kind TEXT NOT NULL, reservation BIGINT, request_id TEXT, owner TEXT,
         epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
         epsilon_max DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL)""",
     "CREATE UNIQUE INDEX IF NOT EXISTS events_one_settlement ON events (reservation)",
+    "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat DOUBLE PRECISION NOT NULL)",
     "CREATE INDEX IF NOT EXISTS events_budget ON events (budget, kind)",
 ]
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 class BudgetExhausted(Exception):
@@ -97,11 +104,16 @@ def _state(row) -> BudgetState:
 class Ledger:
     """Open with a SQLite path or a ``postgresql://`` URL."""
 
-    def __init__(self, url: str, synchronous: str = "FULL"):
+    def __init__(self, url: str, synchronous: str = "FULL", lease: float = 30.0):
+        """``lease``: seconds after its last heartbeat when a process counts as dead, so that its open
+        reservations may be recovered (settled at their worst case) by another process."""
         self.url = str(url)
+        self.lease = lease
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.postgres = self.url.startswith(("postgresql://", "postgres://"))
         self.p = "%s" if self.postgres else "?"
         self._local = threading.local()
+        self._write_lock = threading.Lock()
         self.synchronous = synchronous
         with self._tx() as cur:
             for stmt in SCHEMA:
@@ -125,16 +137,29 @@ class Ledger:
         return conn
 
     @contextmanager
-    def _tx(self):
+    def _tx(self, durable: bool = True):
+        """One transaction. ``durable=False`` commits without waiting for the disk; it is used only
+        for reservations: the settlement that must precede any answer commits durably, and that
+        flush also persists every earlier commit (SQLite's WAL and PostgreSQL's WAL are sequential).
+        A reservation lost to a power failure therefore belongs to a request that was never answered;
+        a killed process loses nothing, since committed data is in the OS's page cache."""
         conn = self._conn()
         cur = conn.cursor()
-        cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
-        try:
-            yield cur
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
+        if not self.postgres:
+            cur.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
+        # SQLite admits one writer at a time and makes waiters sleep in growing steps (up to 100 ms);
+        # threads of this process queue on a mutex instead, so only other processes use the busy wait.
+        lock = self._write_lock if not self.postgres else _NO_LOCK
+        with lock:
+            cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+            if self.postgres and not durable:
+                cur.execute("SET LOCAL synchronous_commit = off")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
 
     def _q(self, sql: str) -> str:
         return sql.replace("?", self.p)
@@ -198,16 +223,16 @@ class Ledger:
         """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes)."""
         if not (epsilon_max >= 0 and math.isfinite(epsilon_max)) or not (0 <= delta < 1):
             raise ValueError(f"invalid worst case epsilon_max={epsilon_max!r}, delta={delta!r}")
-        with self._tx() as cur:
+        with self._tx(durable=False) as cur:
             s = self._lock(cur, name)
             if not admits(s.spent, s.reserved, s.total, epsilon_max, delta):
                 cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (name,))
                 refused = BudgetExhausted(name, epsilon_max, delta, s.remaining)
             else:
                 refused = None
-                cur.execute(self._q("INSERT INTO events (budget, kind, request_id, epsilon, delta, epsilon_max, created) "
-                                    "VALUES (?, 'reserve', ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
-                            (name, request_id or uuid.uuid4().hex, epsilon_max, delta, epsilon_max, time.time()))
+                cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
+                                    "created) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
+                            (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time()))
                 rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
                 cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
                                     "reserved_delta = reserved_delta + ?, open = open + 1 WHERE name = ?"),
@@ -239,16 +264,30 @@ class Ledger:
                         (amount, delta, eps_max, delta, name))
         return amount
 
-    def recover(self) -> int:
-        """Settle every open reservation at its worst case (their requests died). Run at start-up,
-        when no request of this ledger is in flight."""
+    def heartbeat(self) -> None:
+        """Record that this process is alive (its reservations are not to be recovered)."""
+        with self._tx() as cur:
+            cur.execute(self._q("DELETE FROM owners WHERE owner = ?"), (self.owner,))
+            cur.execute(self._q("INSERT INTO owners (owner, heartbeat) VALUES (?, ?)"), (self.owner, time.time()))
+
+    def recover(self, lease: float | None = None) -> int:
+        """Settle, at their worst case, the open reservations of processes that are dead: whose last
+        heartbeat is older than ``lease`` seconds (or that never sent one). Never refunds: their
+        candidates may have been observed. Safe to run while other processes serve."""
+        lease = self.lease if lease is None else lease
         cur = self._conn().cursor()
-        cur.execute("SELECT r.id FROM events r WHERE r.kind = 'reserve' AND NOT EXISTS "
-                    "(SELECT 1 FROM events s WHERE s.reservation = r.id)")
-        ids = [r[0] for r in cur.fetchall()]
-        for rid in ids:
-            self.settle(rid, None, kind="recover")
-        return len(ids)
+        cur.execute(self._q("SELECT r.id FROM events r WHERE r.kind = 'reserve' AND (r.owner IS NULL OR r.owner != ?) "
+                            "AND NOT EXISTS (SELECT 1 FROM events s WHERE s.reservation = r.id) "
+                            "AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner = r.owner AND o.heartbeat >= ?)"),
+                    (self.owner, time.time() - lease))
+        recovered = 0
+        for (rid,) in cur.fetchall():
+            try:
+                self.settle(rid, None, kind="recover")
+                recovered += 1
+            except Exception:  # settled meanwhile by its owner or another recoverer: nothing to do
+                pass
+        return recovered
 
     def charges(self, name: str) -> list[tuple]:
         """(request_id, kind, epsilon charged, delta) of every settled query of a budget."""

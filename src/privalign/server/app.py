@@ -121,8 +121,11 @@ class Service:
 
     def __init__(self, cfg: ServiceConfig, generator=None, reward: RewardModel | None = None):
         self.cfg = cfg
-        self.ledger = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous)
-        self.recovered = self.ledger.recover()  # requests that died with the last process
+        self.ledger = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
+        self.ledger.heartbeat()
+        self.recovered = self.ledger.recover()  # reservations of dead processes (never refunded)
+        self._stop = threading.Event()
+        threading.Thread(target=self._keepalive, daemon=True).start()
         for b in cfg.budgets:
             try:
                 self.ledger.budget(b.name)
@@ -138,6 +141,18 @@ class Service:
         self.gen_lock = threading.Lock()
         self.ledger_timings: list[float] = []  # seconds in ledger transactions per answered query
         self._init_metrics()
+
+    def _keepalive(self):
+        """Heartbeat, and recover the reservations of processes whose lease has expired."""
+        while not self._stop.wait(self.cfg.ledger_lease_s / 3):
+            try:
+                self.ledger.heartbeat()
+                self.recovered += self.ledger.recover()
+            except Exception:  # a transient database error must not kill the heartbeat
+                pass
+
+    def close(self):
+        self._stop.set()
 
     def _init_metrics(self):
         from prometheus_client import CollectorRegistry, Counter, Histogram

@@ -96,6 +96,7 @@ class ClientConfig(BaseModel):
 class ServiceConfig(BaseModel):
     ledger: str = "privalign-ledger.db"
     ledger_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    ledger_lease_s: float = Field(30.0, gt=0)  # a process silent this long is dead; its reservations are recovered
     admin_keys: list[str] = Field(default_factory=lambda: ["change-me-admin"])
     clients: dict[str, ClientConfig] = Field(default_factory=lambda: {"change-me-client": ClientConfig(tenant="default")})
     max_n: int = Field(64, ge=1)

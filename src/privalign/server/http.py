@@ -50,12 +50,12 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         check_openai_n(body)
         out = await run_in_threadpool(svc.answer, body.get("messages"), body.get("privalign"), tenant,
                                       body.get("max_tokens"))
-        return {"id": "chatcmpl-" + out["privalign"]["request_id"], "object": "chat.completion",
+        return JSONResponse({"id": "chatcmpl-" + out["privalign"]["request_id"], "object": "chat.completion",
                 "created": int(time.time()), "model": body.get("model") or svc.generator.name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
                              "finish_reason": "stop", "logprobs": None}],
                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-                "privalign": out["privalign"]}
+                "privalign": out["privalign"]})
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -67,11 +67,11 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
             raise ApiError(400, "invalid_request", "prompt must be a string")
         out = await run_in_threadpool(svc.answer, [{"role": "user", "content": prompt}], body.get("privalign"),
                                       tenant, body.get("max_tokens"))
-        return {"id": "cmpl-" + out["privalign"]["request_id"], "object": "text_completion",
+        return JSONResponse({"id": "cmpl-" + out["privalign"]["request_id"], "object": "text_completion",
                 "created": int(time.time()), "model": body.get("model") or svc.generator.name,
                 "choices": [{"index": 0, "text": out["text"], "finish_reason": "stop", "logprobs": None}],
                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-                "privalign": out["privalign"]}
+                "privalign": out["privalign"]})
 
     @app.get("/v1/budgets")
     def budgets(request: Request):
