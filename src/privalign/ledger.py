@@ -133,6 +133,7 @@ class Ledger:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute(f"PRAGMA synchronous={self.synchronous}")
                 conn.execute("PRAGMA busy_timeout=60000")
+                self._local.sync_mode = self.synchronous
             self._local.conn = conn
         return conn
 
@@ -146,7 +147,10 @@ class Ledger:
         conn = self._conn()
         cur = conn.cursor()
         if not self.postgres:
-            cur.execute(f"PRAGMA synchronous={self.synchronous if durable else 'NORMAL'}")
+            mode = self.synchronous if durable else "NORMAL"
+            if getattr(self._local, "sync_mode", None) != mode:  # a PRAGMA only when the mode changes
+                cur.execute(f"PRAGMA synchronous={mode}")
+                self._local.sync_mode = mode
         # SQLite admits one writer at a time and makes waiters sleep in growing steps (up to 100 ms);
         # threads of this process queue on a mutex instead, so only other processes use the busy wait.
         lock = self._write_lock if not self.postgres else _NO_LOCK
@@ -243,6 +247,11 @@ class Ledger:
 
     def settle(self, reservation: int, epsilon: float | None = None, kind: str = "settle") -> float:
         """Charge the realised cost (``None``: the worst case) and release the rest, atomically."""
+        return self.settle_state(reservation, epsilon, kind)[0]
+
+    def settle_state(self, reservation: int, epsilon: float | None = None, kind: str = "settle"
+                     ) -> tuple[float, BudgetState]:
+        """``settle``, also returning the budget's state right after the charge."""
         with self._tx() as cur:
             cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max FROM events WHERE id = ? AND kind = 'reserve'"),
                         (reservation,))
@@ -262,7 +271,11 @@ class Ledger:
                                 f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
                                 f"queries = queries + 1, open = open - 1 WHERE name = ?"),
                         (amount, delta, eps_max, delta, name))
-        return amount
+        after = BudgetState(s.name, s.tenant, s.total, s.composition,
+                            Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
+                            Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
+                            s.queries + 1, s.refusals, s.open - 1)
+        return amount, after
 
     def heartbeat(self) -> None:
         """Record that this process is alive (its reservations are not to be recovered)."""

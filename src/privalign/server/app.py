@@ -257,9 +257,8 @@ class Service:
                 raise ApiError(502, "backend_error", f"the reward model or generator failed: {e}") from None
             raise
         t_l = time.perf_counter()
-        charged = self.ledger.settle(rid, sel.epsilon)  # durable before the response leaves
+        charged, state = self.ledger.settle_state(rid, sel.epsilon)  # durable before the response leaves
         ledger_s += time.perf_counter() - t_l
-        state = self.ledger.budget(o["budget"])
         self.m_ledger.observe(ledger_s)
         if len(self.ledger_timings) < 1_000_000:
             self.ledger_timings.append(ledger_s)
