@@ -55,12 +55,31 @@ def main():
                           shard_size=2)
             piped = time.perf_counter() - start
         rows.append((name, k, max_new, len(problems), toks / direct, hf_toks / hf, direct, piped))
+    llama = []
+    try:
+        from privalign.backends.llamacpp_backend import LlamaCppGenerator
+
+        lg = LlamaCppGenerator("smollm2")
+        for name, task, k, max_new, n_prompts in (("arithmetic (few-shot, answer only)", "arithmetic", 64, 8, 2),
+                                                  ("GSM8K (zero-shot chain of thought)", "gsm8k", 4, 256, 2)):
+            t = get_task(task)
+            start = time.perf_counter()
+            toks = sum(g.n_tokens for i, p in enumerate(t.load("test", n_prompts))
+                       for g in lg.generate(t.messages(p), k, max_new_tokens=max_new, seed=i))
+            llama.append((name, k, max_new, n_prompts, toks / (time.perf_counter() - start)))
+    except ImportError:
+        pass
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, threads {torch.get_num_threads()}")
     print("| workload | samples x max tokens | prompts | privalign tok/s | model.generate tok/s | direct s | generate_pool s | overhead |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, k, m, n, tps, hf_tps, direct, piped in rows:
         print(f"| {name} | {k} x {m} | {n} | {tps:.0f} | {hf_tps:.0f} | {direct:.1f} | {piped:.1f} | "
               f"{100 * (piped - direct) / direct:+.1f}% |")
+    if llama:
+        print("\n| llama.cpp backend (high-level API, one sample per call) | samples x max tokens | prompts | tok/s |")
+        print("|---|---|---:|---:|")
+        for name, k, m, n, tps in llama:
+            print(f"| {name} | {k} x {m} | {n} | {tps:.0f} |")
 
 
 if __name__ == "__main__":

@@ -147,31 +147,34 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--postgres", default=os.environ.get("PRIVALIGN_TEST_POSTGRES"))
     ap.add_argument("--real", action="store_true")
+    ap.add_argument("--skip-http", action="store_true", help="only the ledger (and --real) measurements")
     args = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     backends = [("SQLite (WAL, synchronous=FULL)", None)] + ([("PostgreSQL 15", args.postgres)] if args.postgres else [])
     print("| ledger | mechanism | answered requests/s (n = 16, stub models; load: wrk 2 threads x 16 connections) |")
     print("|---|---|---:|")
-    for name, url in backends:
+    for name, url in ([] if args.skip_http else backends):
         if url:
             import psycopg
 
             with psycopg.connect(url, autocommit=True) as c:
-                c.execute("DROP TABLE IF EXISTS events, budgets")
+                c.execute("DROP TABLE IF EXISTS events, budgets, owners")
         for mech in ("privbon", "privitp"):
             print(f"| {name} | {mech} | {http_throughput(url, mech):.0f} |")
-    print("\n| ledger | reserve + settle per query, p50 | p99 |")
-    print("|---|---:|---:|")
-    with tempfile.TemporaryDirectory() as d:
-        p50, p99 = ledger_overhead(str(Path(d) / "l.db"))
-    print(f"| SQLite | {p50:.2f} ms | {p99:.2f} ms |")
-    if args.postgres:
-        import psycopg
+    print("\n| ledger | clients (threads) | reserve + settle per answered query, p50 | p99 |")
+    print("|---|---:|---:|---:|")
+    for name, url in backends:
+        for threads in (1, 4):
+            if url:
+                import psycopg
 
-        with psycopg.connect(args.postgres, autocommit=True) as c:
-            c.execute("DROP TABLE IF EXISTS events, budgets")
-        p50, p99 = ledger_overhead(args.postgres)
-        print(f"| PostgreSQL | {p50:.2f} ms | {p99:.2f} ms |")
+                with psycopg.connect(url, autocommit=True) as c:
+                    c.execute("DROP TABLE IF EXISTS events, budgets, owners")
+                p50, p99 = ledger_overhead(url, threads=threads)
+            else:
+                with tempfile.TemporaryDirectory() as d:
+                    p50, p99 = ledger_overhead(str(Path(d) / "l.db"), threads=threads)
+            print(f"| {name} | {threads} | {p50:.2f} ms | {p99:.2f} ms |")
     if args.real:
         print("\n| n | mechanism | mean latency | candidates generated | mean halting time |")
         print("|---:|---|---:|---:|---:|")
