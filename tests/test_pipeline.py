@@ -25,7 +25,7 @@ def smollm2():
 @pytest.mark.parametrize("name,split", [("gsm8k", "test"), ("gsm8k", "train"), ("math500", "test"),
                                         ("mmlu:college_mathematics", "test"), ("mmlu:college_chemistry", "test"),
                                         ("mmlu:elementary_mathematics", "test"), ("arithmetic", "test"),
-                                        ("arithmetic", "train")])
+                                        ("arithmetic", "train"), ("addition", "test"), ("addition", "train")])
 def test_grading_the_datasets_own_references_scores_100_percent(name, split):
     task = get_task(name)
     problems = task.load(split)
@@ -47,7 +47,7 @@ def test_graders_are_strict():
     m = mmlu.load("test", 1)[0]
     assert mmlu.grade(f"Answer: {m.reference}", m) == 1.0
     assert mmlu.grade("Answer: " + next(c for c in "ABCD" if c != m.reference), m) == 0.0
-    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic"}
+    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic", "addition"}
 
 
 # ------------------------------------------------------------------ the embedded generator

@@ -43,7 +43,7 @@ def preference_pairs(task: str, limit: int | None = None, seed: int = 0, data: s
         if task == "gsm8k":
             good = t.reference_response(p)
             bad = _corrupt_gsm8k(p.solution, rng)
-        elif task == "arithmetic":
+        elif task in ("arithmetic", "addition"):
             good = p.reference
             bad = str(int(p.reference) + int(rng.choice([-2, -1, 1, 2])))
         else:

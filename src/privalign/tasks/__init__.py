@@ -6,17 +6,17 @@ from .gsm8k import GSM8K
 from .math500 import MATH500
 from .mmlu import MMLU
 
-TASKS = ("gsm8k", "math500", "mmlu", "arithmetic")
+TASKS = ("gsm8k", "math500", "mmlu", "arithmetic", "addition")
 
 
 def get_task(name: str, data: str | None = None) -> Task:
-    """``gsm8k``, ``math500``, ``arithmetic``, ``mmlu`` (college mathematics) or ``mmlu:<subject>``."""
+    """``gsm8k``, ``math500``, ``arithmetic``, ``addition``, ``mmlu`` (college mathematics) or ``mmlu:<subject>``."""
     if name == "gsm8k":
         return GSM8K(data)
     if name == "math500":
         return MATH500(data)
-    if name == "arithmetic":
-        return Arithmetic()
+    if name in ("arithmetic", "addition"):
+        return Arithmetic(name)
     if name == "mmlu" or name.startswith("mmlu:"):
         return MMLU(name.split(":", 1)[1] if ":" in name else "college_mathematics", data)
     raise ValueError(f"task must be one of {TASKS} (or mmlu:<subject>), got {name!r}")

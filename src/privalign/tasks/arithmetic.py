@@ -21,36 +21,48 @@ import numpy as np
 from .base import Problem, Task
 
 EXAMPLES = [("What is 2 + 5?", "7"), ("What is 9 - 4?", "5")]
+ADDITION_EXAMPLES = [("What is 2 + 1?", "3"), ("What is 0 + 4?", "4")]
 _NUM = re.compile(r"-?\d+")
 
 
-def _all_problems() -> list[tuple[int, str, int]]:
-    probs = []
-    for a, b, op in itertools.product(range(10), range(10), "+-"):
-        probs.append((a, op, b))
+def _all_problems(max_operand: int, ops: str) -> list[tuple[int, str, int]]:
+    probs = [(a, op, b) for a, b, op in itertools.product(range(max_operand + 1), range(max_operand + 1), ops)]
     order = np.random.default_rng(20261202).permutation(len(probs))
     return [probs[i] for i in order]
 
 
 class Arithmetic(Task):
-    name = "arithmetic"
+    """``arithmetic``: a +/- b with one-digit a, b (200 problems, 100 test / 100 train).
+    ``addition``: a + b with a, b in 0..4 (25 problems, 17 test / 8 train) with its own worked
+    examples, the easier variant whose per-prompt base accuracy mostly lies between 10% and 60% for
+    SmolLM2-135M at temperature 1."""
+
     max_new_tokens = 8
+
+    def __init__(self, name: str = "arithmetic"):
+        if name not in ("arithmetic", "addition"):
+            raise ValueError(f"name must be 'arithmetic' or 'addition', got {name!r}")
+        self.name = name
+        self.max_operand, self.ops = (9, "+-") if name == "arithmetic" else (4, "+")
+        self.examples = EXAMPLES if name == "arithmetic" else ADDITION_EXAMPLES
 
     def load(self, split: str = "test", limit: int | None = None) -> list[Problem]:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        allp = _all_problems()
-        chosen = allp[:100] if split == "test" else allp[100:]
+        allp = _all_problems(self.max_operand, self.ops)
+        n_test = 100 if self.name == "arithmetic" else 17
+        chosen = allp[:n_test] if split == "test" else allp[n_test:]
         out = []
         for i, (a, op, b) in enumerate(chosen[:limit]):
             value = a + b if op == "+" else a - b
-            out.append(Problem(id=f"arith-{split}-{i}", question=f"What is {a} {op} {b}?", reference=str(value),
+            prefix = "arith" if self.name == "arithmetic" else self.name  # ids of the shipped pool
+            out.append(Problem(id=f"{prefix}-{split}-{i}", question=f"What is {a} {op} {b}?", reference=str(value),
                                meta={"a": a, "b": b, "op": op}))
         return out
 
     def messages(self, problem: Problem) -> list[dict]:
         msgs = []
-        for q, a in EXAMPLES:
+        for q, a in self.examples:
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         return msgs + [{"role": "user", "content": problem.question}]
 
