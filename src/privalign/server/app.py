@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import secrets
+import os
 import threading
 import time
 import uuid
@@ -40,7 +40,8 @@ class StubGenerator:
     def generate(self, messages, k, *, max_new_tokens=8, temperature=1.0, seed=None):
         from ..backends.base import Generation
 
-        return [Generation(f"candidate {secrets.token_hex(4)}", 3, None) for _ in range(k)]
+        raw = os.urandom(4 * k).hex()  # one system call for the whole batch
+        return [Generation(f"candidate {raw[8 * i:8 * i + 8]}", 3, None) for i in range(k)]
 
 
 class StubReward(RewardModel):
@@ -140,6 +141,7 @@ class Service:
         self.sensitivity = self.reward.sensitivity or (hi - lo)
         self.gen_lock = threading.Lock()
         self.ledger_timings: list[float] = []  # seconds in ledger transactions per answered query
+        self._tenant_of: dict[str, tuple] = {}
         self._init_metrics()
 
     def _keepalive(self):
@@ -165,8 +167,16 @@ class Service:
         self.m_candidates = Counter("privalign_candidates_generated", "candidates generated", registry=self.registry)
         self.m_latency = Histogram("privalign_request_seconds", "latency of answered queries", registry=self.registry,
                                    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
+        self._metric_children: dict = {}
         self.m_ledger = Histogram("privalign_ledger_seconds", "time in ledger transactions", registry=self.registry,
                                   buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
+
+    def _children(self, budget: str, mechanism: str):
+        """The labelled metric children of a (budget, mechanism), bound once."""
+        key = (budget, mechanism)
+        if key not in self._metric_children:
+            self._metric_children[key] = (self.m_queries.labels(budget, mechanism), self.m_epsilon.labels(budget))
+        return self._metric_children[key]
 
     # ------------------------------------------------------------------ auth
     def caller(self, key: str | None) -> tuple[str, str | None]:
@@ -217,11 +227,13 @@ class Service:
             if not mine:
                 raise ApiError(403, "forbidden", "no budget is configured for this client's tenant")
             budget = mine[0]
-        try:
-            state = self.ledger.budget(budget)
-        except UnknownBudget:
-            raise ApiError(404, "not_found", f"unknown budget {budget!r}") from None
-        if tenant is not None and state.tenant != tenant:
+        owner = self._tenant_of.get(budget)
+        if owner is None:  # a budget's tenant never changes once it exists: cache it
+            try:
+                owner = self._tenant_of[budget] = (self.ledger.budget(budget).tenant,)
+            except UnknownBudget:
+                raise ApiError(404, "not_found", f"unknown budget {budget!r}") from None
+        if tenant is not None and owner[0] != tenant:
             raise ApiError(403, "forbidden", f"budget {budget!r} belongs to another tenant")
         o["budget"] = budget
         return o
@@ -262,8 +274,9 @@ class Service:
         self.m_ledger.observe(ledger_s)
         if len(self.ledger_timings) < 1_000_000:
             self.ledger_timings.append(ledger_s)
-        self.m_queries.labels(o["budget"], o["mechanism"]).inc()
-        self.m_epsilon.labels(o["budget"]).inc(charged)
+        queries, epsilon = self._children(o["budget"], o["mechanism"])
+        queries.inc()
+        epsilon.inc(charged)
         self.m_candidates.inc(generated)
         self.m_latency.observe(time.perf_counter() - t0)
         return {"text": text, "privalign": {
