@@ -140,7 +140,11 @@ def test_batched_laws_match_single_set_laws():
         assert np.allclose(law, theory.privbon_law(row, 0.2, noise="gaussian"), atol=1e-6)
     for row, law in zip(x, laws.softmax_rows(x, 0.2)):
         assert np.allclose(law, theory.privbon_law(row, 0.2))
-    law, fb = laws.itp_rows(x, 0.1, 1.0)
+    # the harness's ITP law: lazily examined sequential law over the batched acceptance probabilities
+    lam = laws.lambda_rows(x, 0.1)[:, None]
+    parts, law_parts, fb, _ = laws.sequential_lazy(
+        x.shape[1], x.shape[0], lambda a, b: (None, laws.itp_acceptance_rows(x[:, a:b], lam, 1.0)), first=4)
+    law = np.concatenate(law_parts, axis=1)
     for k, row in enumerate(x):
         p, f = theory.itp_law(row, 0.1)
         assert np.allclose(law[k], p) and np.isclose(fb[k], f)

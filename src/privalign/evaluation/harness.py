@@ -189,10 +189,9 @@ def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
         ev = expectation([idx], [law], 0.0)
     elif algo == "itp":
         lam = laws.lambda_rows(xc, s.beta)[:, None]
-        scale = prep.r_max - lam
 
         def itp_chunk(a, b):
-            return idx[:, a:b], np.clip((xc[:, a:b] - lam) / scale, 0.0, 1.0)
+            return idx[:, a:b], laws.itp_acceptance_rows(xc[:, a:b], lam, prep.r_max)
 
         parts, law_parts, fb, t = laws.sequential_lazy(n, M_, itp_chunk)
         ev = expectation(parts, law_parts, fb.sum())

@@ -76,18 +76,10 @@ def _lambda_rows_sorted(x: np.ndarray, beta: float) -> np.ndarray:
     return (csum[np.arange(s.shape[0]), kk] - n * beta) / (kk + 1)
 
 
-def sequential_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Law of sequential rejection sampling per row: (P(accept at i), P(fallback))."""
-    survive = np.cumprod(1.0 - a, axis=1)
-    before = np.concatenate([np.ones((a.shape[0], 1)), survive[:, :-1]], axis=1)
-    return a * before, survive[:, -1]
-
-
-def itp_rows(x: np.ndarray, beta: float, r_max: float):
-    """ITP law per row; ``x`` already shifted to [0, r_max]."""
-    lam = lambda_rows(x, beta)[:, None]
-    a = np.clip((x - lam) / (r_max - lam), 0.0, 1.0)
-    return sequential_rows(a)
+def itp_acceptance_rows(x: np.ndarray, lam: np.ndarray, r_max: float) -> np.ndarray:
+    """ITP's acceptance probability min(w/M, 1) = clip((r - lambda)/(R_max - lambda), 0, 1), per row
+    (``lam`` has one entry per row, shape (rows, 1)); ``x`` already shifted to [0, r_max]."""
+    return np.clip((x - lam) / (r_max - lam), 0.0, 1.0)
 
 
 TAIL = 1e-17  # survival below which the rest of a sequential law is negligible in double precision
