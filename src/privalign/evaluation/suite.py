@@ -26,7 +26,8 @@ from .harness import METRICS, EvalResult, EvalSettings, evaluate
 Progress = Callable[[str, int, int], None]
 
 
-def _settings_record(settings: EvalSettings, pool: Pool, pool_path, result: EvalResult | None, extra=None) -> dict:
+def _settings_record(settings: EvalSettings, pool: Pool, pool_path, result: EvalResult | None, n_prompts: int,
+                     extra=None) -> dict:
     return {
         "privalign_version": __version__,
         "python": platform.python_version(),
@@ -34,7 +35,7 @@ def _settings_record(settings: EvalSettings, pool: Pool, pool_path, result: Eval
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "evaluation": settings.as_dict(),
         "reward_range_used": list(result.reward_range) if result is not None else None,
-        "pool": {"path": str(pool_path) if pool_path else None, "prompts": int(pool.grouped().n_prompts),
+        "pool": {"path": str(pool_path) if pool_path else None, "prompts": int(n_prompts),
                  "rows": pool.n_rows, "metadata": pool.metadata},
         "notes": ("Selection scores are normalised as recorded, clipped to the reward range and mapped to "
                   "[0, 1]; sigma, beta and the sensitivity are in units of that range. A deployment must "
@@ -74,7 +75,7 @@ def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=
     result = evaluate(grouped, settings, progress=cb)
     with atomic_directory(out) as tmp:
         _write_main(tmp, result)
-        write_json(tmp / "settings.json", _settings_record(settings, pool, pool_path, result))
+        write_json(tmp / "settings.json", _settings_record(settings, pool, pool_path, result, grouped.n_prompts))
         render(tmp)
     return Path(out)
 
@@ -173,7 +174,7 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
                   "privitp_beta": abl_beta_priv["chosen"], "n_ref": n_ref,
                   "heldout_prompts": abl_sigma["heldout_prompts"], "eval_prompts": abl_sigma["eval_prompts"]}
         write_json(tmp / "settings.json", _settings_record(
-            s, pool, pool_path, result, {"job": "reproduce", "chosen": chosen,
+            s, pool, pool_path, result, grouped.n_prompts, {"job": "reproduce", "chosen": chosen,
                                          "grids": {"sigma": list(sigma_grid), "beta": list(beta_grid)},
                                          "multi_query": {"sigmas": list(mq_sigmas), "seeds": mq_seeds, "n": 16,
                                                          "beta": 0.05, "epsilon_total": 50.0, "delta": 1e-2}}))
