@@ -182,25 +182,12 @@ app.add_typer(rm_app, name="rm")
 
 
 def _generator(model: str, backend: str, base_url: Optional[str]):
-    if backend == "transformers":
-        from .backends.transformers_backend import TransformersGenerator
+    from .backends import make_generator
 
-        return TransformersGenerator(model)
-    if backend == "llamacpp":
-        from .backends.llamacpp_backend import LlamaCppGenerator
-
-        return LlamaCppGenerator(model)
-    if backend == "vllm":
-        from .backends.vllm_backend import VLLMGenerator
-
-        return VLLMGenerator(model)
-    if backend == "openai":
-        if not base_url:
-            _fail("--backend openai needs --base-url")
-        from .backends.openai_backend import OpenAIGenerator
-
-        return OpenAIGenerator(base_url, model)
-    _fail(f"--backend must be transformers, llamacpp, vllm or openai, got {backend!r}")
+    try:
+        return make_generator(backend, model, base_url)
+    except ValueError as e:
+        _fail(str(e))
 
 
 @app.command()

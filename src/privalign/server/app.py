@@ -59,42 +59,26 @@ def build_generator(cfg: ServiceConfig):
     g = cfg.generator
     if g.backend == "stub":
         return StubGenerator()
-    if g.backend == "transformers":
-        from ..backends.transformers_backend import TransformersGenerator
+    from ..backends import make_generator
 
-        return TransformersGenerator(g.model)
-    if g.backend == "llamacpp":
-        from ..backends.llamacpp_backend import LlamaCppGenerator
-
-        return LlamaCppGenerator(g.model)
-    if g.backend == "vllm":
-        from ..backends.vllm_backend import VLLMGenerator
-
-        return VLLMGenerator(g.model)
-    from ..backends.openai_backend import OpenAIGenerator
-
-    return OpenAIGenerator(g.base_url or "http://127.0.0.1:8001", g.model)
+    return make_generator(g.backend, g.model, g.base_url or "http://127.0.0.1:8001")
 
 
 def build_reward(cfg: ServiceConfig) -> RewardModel:
+    """The configured reward model (``rewards.load_reward``), with the config's declared output range
+    and sensitivity applied on top."""
     r = cfg.reward
     if r.kind == "stub":
         model = StubReward()
-    elif r.kind == "minilm-bt":
+    else:
         from importlib import resources
 
-        from ..rewards import EmbeddingBTReward
+        from ..rewards import load_reward
 
-        path = r.path or str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json")
-        model = EmbeddingBTReward.load(path)
-    elif r.kind == "hf":
-        from ..rewards.hf import HFReward
-
-        model = HFReward(r.path, output_range=r.output_range or (-10.0, 10.0))
-    else:
-        from ..rewards import HTTPReward
-
-        model = HTTPReward(r.path, r.output_range or (-1e9, 1e9))
+        path = r.path
+        if r.kind == "minilm-bt" and path is None:  # the embedded default model pair
+            path = str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json")
+        model = load_reward(f"{r.kind}:{path}")
     if r.output_range is not None:
         model.output_range = tuple(r.output_range)
     if r.sensitivity is not None:

@@ -1,0 +1,34 @@
+"""Generators: transformers (the embedded SmolLM2 default), llama.cpp, vLLM, OpenAI-compatible HTTP.
+
+Each backend module imports its heavy dependency only when its generator is created.
+"""
+
+from .base import Generation, Generator
+
+BACKENDS = ("transformers", "llamacpp", "vllm", "openai")
+
+
+def make_generator(backend: str, model: str = "smollm2", base_url: str | None = None) -> Generator:
+    """The generator for a backend name; ``base_url`` is required by (and only used for) ``openai``."""
+    if backend == "transformers":
+        from .transformers_backend import TransformersGenerator
+
+        return TransformersGenerator(model)
+    if backend == "llamacpp":
+        from .llamacpp_backend import LlamaCppGenerator
+
+        return LlamaCppGenerator(model)
+    if backend == "vllm":
+        from .vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(model)
+    if backend == "openai":
+        if not base_url:
+            raise ValueError("the openai backend needs a base_url")
+        from .openai_backend import OpenAIGenerator
+
+        return OpenAIGenerator(base_url, model)
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+__all__ = ["BACKENDS", "Generation", "Generator", "make_generator"]
