@@ -19,16 +19,18 @@ def test_fsrc_charges_ex_post_and_basic_charges_worst_case():
 
 
 def test_refused_query_spends_nothing():
+    """A query refused before it runs (reserve) spends nothing; charge() is for finished queries and
+    always records (tests/test_worst_case.py)."""
     f = PrivacyFilter(1.0, 1e-3)
     f.charge(0.6, 1e-4)
     before = (f.spent, f.queries)
     assert not f.can_run(0.5, 0.0)
     with pytest.raises(BudgetExceededError, match="exhausted") as info:
-        f.charge(0.1, 0.0, epsilon_max=0.5)
+        f.reserve(0.5, 0.0)
     assert info.value.remaining_epsilon == pytest.approx(0.4)
     assert (f.spent, f.queries) == before and f.refusals == 1
     with pytest.raises(BudgetExceededError):
-        f.charge(0.1, 1e-3)  # the delta budget would be exceeded
+        f.reserve(0.1, 1e-3)  # the delta budget would be exceeded
     assert (f.spent, f.queries) == before
 
 
@@ -61,7 +63,7 @@ def test_threads_never_overspend():
     def worker(items):
         for eps, eps_max in items:
             try:
-                amount = f.charge(eps, 1e-6, epsilon_max=eps_max)
+                amount = f.settle(f.reserve(eps_max, 1e-6), eps)
                 with lock:
                     charged.append(amount)
             except BudgetExceededError:

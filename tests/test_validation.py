@@ -60,7 +60,7 @@ CASES = [
     (lambda: A.PrivacyFilter(0.0), "epsilon_total"),
     (lambda: A.PrivacyFilter(1.0, composition="advanced"), "composition"),
     (lambda: A.PrivacyFilter(1.0).charge(-0.1), "epsilon"),
-    (lambda: A.PrivacyFilter(1.0).charge(0.5, epsilon_max=0.2), "epsilon_max"),
+    (lambda: A.PrivacyFilter(1.0).charge(0.5, epsilon_max=-0.2), "epsilon_max"),
 ]
 
 

@@ -203,6 +203,8 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] 
              seed: int = typer.Option(0),
              shard_size: int = typer.Option(10, help="prompts per shard (the unit of resumption)"),
              data_dir: Optional[str] = typer.Option(None, help="datasets folder (default: ../shared/data)"),
+             features: bool = typer.Option(False, help="also record policy features (OUT.features.npz) for policy-bt"),
+             threads: Optional[int] = typer.Option(None, help="torch threads (transformers backend)"),
              out: Path = typer.Option(..., help="output pool (Parquet)")):
     """Sample responses with a real model, grade them, and write a pool (sharded, resumable)."""
     from .pipeline import generate_pool
@@ -213,6 +215,10 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] 
         problems = t.load(split, limit)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     gen = _generator(model, backend, base_url)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
@@ -225,7 +231,7 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] 
 
         pool = generate_pool(t, problems, gen, out, samples=samples, temperature=temperature,
                              max_new_tokens=max_new_tokens, seed=seed, shard_size=shard_size, split=split,
-                             progress=show)
+                             progress=show, features=features)
     console.print(f"wrote {out}: {pool.n_rows} responses, mean accuracy {float(np.mean(pool.columns['true_reward'])):.3f}")
 
 

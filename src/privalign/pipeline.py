@@ -5,10 +5,16 @@ into ``<out>.shards/``) and resumes after an interruption: shards already on dis
 their prompts skipped. Each prompt's samples are seeded from (seed, prompt index), so a resumed
 run produces what an uninterrupted one would have. When every prompt is done, the shards are merged
 into ``out``.
+
+``features=True`` (the transformers backend) also records each sample's policy features, the
+generating model's own hidden states read off the sampling pass, in ``<out>.features.npz``
+(``features``, ``prompt_id``, ``sample_id``, row-aligned with the pool): the input of the certified
+``policy-bt`` reward model. The file is a local cache, not shipped with a pool.
 """
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import time
 from collections.abc import Callable
@@ -35,8 +41,10 @@ def _shard_path(shards: Path, k: int) -> Path:
 def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *, samples: int,
                   temperature: float = 1.0, max_new_tokens: int | None = None, seed: int = 0,
                   shard_size: int = 10, split: str = "test", progress: Progress | None = None,
-                  keep_text: bool = True) -> Pool:
+                  keep_text: bool = True, features: bool = False) -> Pool:
     out = Path(out)
+    if features and "features" not in inspect.signature(generator.generate).parameters:
+        raise ValueError(f"the {generator.name!r} backend cannot record policy features; use the transformers backend")
     shards = out.with_name(out.name + ".shards")
     shards.mkdir(parents=True, exist_ok=True)
     max_new = max_new_tokens or task.max_new_tokens
@@ -53,11 +61,12 @@ def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *
             continue
         rows: dict[str, list] = {c: [] for c in ("prompt_id", "sample_id", "prompt", "response", "answer",
                                                  "true_reward", "logprob", "n_tokens", "reward:logprob")}
+        feats: list = []
         for i in range(k * shard_size, min((k + 1) * shard_size, len(problems))):
             p = problems[i]
             t0 = time.perf_counter()
             gens = generator.generate(task.messages(p), samples, max_new_tokens=max_new, temperature=temperature,
-                                      seed=_prompt_seed(seed, i))
+                                      seed=_prompt_seed(seed, i), **({"features": True} if features else {}))
             stats["gen_seconds"] += time.perf_counter() - t0
             for j, g in enumerate(gens):
                 rows["prompt_id"].append(p.id)
@@ -71,24 +80,67 @@ def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *
                 # mean token log-probability: the base model's own confidence, a reward-free proxy
                 rows["reward:logprob"].append(g.logprob / max(g.n_tokens, 1) if g.logprob is not None else None)
                 stats["tokens"] += g.n_tokens
+                if features:
+                    feats.append(g.features)
             stats["samples"] += len(gens)
             stats["prompts_done"] += 1
             if progress:
                 progress(stats)
         cols = {c: np.array(v, dtype=object if c in ("prompt_id", "prompt", "response", "answer") else None)
                 for c, v in rows.items()}
-        Pool(cols, {}).save(path)  # atomic: temporary file, then rename
+        if features:
+            save_features(features_path(path), np.stack(feats), cols["prompt_id"], cols["sample_id"])
+        Pool(cols, {}).save(path)  # atomic: temporary file, then rename (after its features)
     meta = {"task": task.name, "split": split, "base_model": generator.name, "reward_models": ["logprob"],
             "default_reward": "logprob", "true_reward_source": "grader",
             "sampling": {"samples": samples, "temperature": temperature, "max_new_tokens": max_new, "seed": seed,
-                         "prompting": "chat template; " + ("few-shot" if task.name == "arithmetic" else "zero-shot chain of thought")}}
+                         "prompting": "chat template; " + ("few-shot" if problems and any(
+                             m["role"] == "assistant" for m in task.messages(problems[0])) else "zero-shot")},
+            **({"policy_features": features_path(out).name} if features else {})}
     pool = merge_shards(shards, meta)
+    if features:
+        parts = [load_features(features_path(p)) for p in sorted(shards.glob("shard-*.parquet"))]
+        save_features(features_path(out), np.concatenate([f for f, _, _ in parts]),
+                      np.concatenate([i for _, i, _ in parts]), np.concatenate([j for _, _, j in parts]))
     if not keep_text:
         for c in ("prompt", "response"):
             pool.columns.pop(c, None)
     pool.save(out)
     shutil.rmtree(shards)
     return pool
+
+
+def features_path(pool_path: str | Path) -> Path:
+    """Where a pool's policy features live: ``<pool>.features.npz`` beside it."""
+    p = Path(pool_path)
+    return p.with_name(p.name + ".features.npz")
+
+
+def save_features(path: Path, features: np.ndarray, prompt_id, sample_id) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, features=np.asarray(features, np.float32), prompt_id=np.asarray(prompt_id, str),
+             sample_id=np.asarray(sample_id, np.int64))
+    tmp.replace(path)
+
+
+def load_features(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with np.load(path) as z:
+        return z["features"], z["prompt_id"], z["sample_id"]
+
+
+def pool_features(pool: Pool, pool_path: str | Path) -> np.ndarray | None:
+    """The recorded features of a pool's rows, in the pool's row order, or None if there are none.
+    Rows are matched on (prompt_id, sample_id); a pool with rows the file lacks gets None."""
+    path = features_path(pool_path)
+    if not path.exists():
+        return None
+    f, pid, sid = load_features(path)
+    index = {(str(a), int(b)): k for k, (a, b) in enumerate(zip(pid, sid))}
+    try:
+        rows = [index[(str(a), int(b))] for a, b in zip(pool.columns["prompt_id"], pool.columns["sample_id"])]
+    except KeyError:
+        return None
+    return f[rows]
 
 
 def merge_shards(shards: Path, metadata: dict) -> Pool:

@@ -8,6 +8,7 @@ from .calibration import paper_noise_split, privbon_noise_scale, privitp_noise_s
 from .filter import (
     COMPOSITIONS,
     BudgetExceededError,
+    BudgetOverrunError,
     Privacy,
     PrivacyFilter,
     Reservation,
@@ -30,7 +31,7 @@ from .privitp import (
 )
 
 __all__ = [
-    "COMPOSITIONS", "BudgetExceededError", "Privacy", "PrivacyFilter", "Reservation", "admits",
+    "COMPOSITIONS", "BudgetExceededError", "BudgetOverrunError", "Privacy", "PrivacyFilter", "Reservation", "admits",
     "charge_amount", "default_truncation", "gaussian_mechanism_epsilon",
     "gaussian_mechanism_noise_scale", "gaussian_rnm_epsilon", "gaussian_rnm_noise_scale",
     "gumbel_epsilon", "gumbel_noise_scale", "itp_lambda", "paper_noise_split",

@@ -25,15 +25,20 @@ def margin_up(x):
     return float(out) if out.ndim == 0 else out
 
 
-def smallest_scale(ok, start: float, rel_tol: float = 1e-12) -> float:
+def smallest_scale(ok, start: float, rel_tol: float = 1e-12, target: str = "the requested privacy") -> float:
     """The smallest scale s > 0 with ok(s), for ok false below a threshold and true above it.
 
     Brackets the threshold by doubling/halving from ``start``, then bisects in log s; the result
     is returned from above (ok holds there), so a calibrated noise scale is never too small.
     """
     hi = float(start)
+    if not (math.isfinite(hi) and hi > 0):
+        raise ValueError(f"the search for a noise scale needs a finite positive start, got {start!r}")
     while not ok(hi):
         hi *= 2
+        if not math.isfinite(hi):
+            raise ValueError(f"no finite noise scale achieves {target}: the scale it needs overflows float64 "
+                             "(ask for a larger epsilon or delta)")
     lo = hi / 2
     while ok(lo):
         hi, lo = lo, lo / 2

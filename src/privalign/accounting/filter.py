@@ -12,6 +12,9 @@ equality). After the query it is charged
 * ``"fsrc"`` (filtered self-reporting composition): its realised ex-post epsilon (<= epsilon_max);
 * ``"basic"``: epsilon_max, every time.
 
+A finished query is always charged (``settle``, ``charge``): once an answer exists its cost is
+recorded, even when it exceeds the declared worst case or what is left, which closes the budget.
+
 Deltas add under both. The rule lives in two pure functions, ``admits`` and ``charge_amount``,
 so a durable ledger can apply exactly the same logic inside its own transactions.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -62,13 +66,29 @@ def admits(spent: Privacy, reserved: Privacy, total: Privacy, epsilon_max: float
 
 
 def charge_amount(composition: str, epsilon: float, epsilon_max: float) -> float:
-    """What a finished query costs: ex-post epsilon under FSRC, epsilon_max under basic composition."""
-    if epsilon > epsilon_max:
-        raise ValueError(
-            f"epsilon={epsilon!r} exceeds the query's declared epsilon_max={epsilon_max!r}; "
-            "an ex-post cost can never exceed the worst case that was reserved"
-        )
-    return epsilon if check_composition(composition) == "fsrc" else epsilon_max
+    """What a finished query costs: ex-post epsilon under FSRC, epsilon_max under basic composition.
+
+    Once an answer exists its cost is always recorded, never refused: a realised epsilon above the
+    declared epsilon_max (which the accountant's rounding makes impossible, but a caller's own
+    mechanism might) is charged in full, max(epsilon, epsilon_max) under basic composition.
+    """
+    if check_composition(composition) == "fsrc":
+        return epsilon
+    return max(epsilon, epsilon_max)
+
+
+class BudgetOverrunError(BudgetExceededError):
+    """A query that had already run did not fit: its cost *was* recorded (the answer exists), the
+    budget is now overspent and admits nothing more. Reserve before running (``PrivacyFilter.run``)
+    to refuse instead."""
+
+    def __init__(self, charged: float, epsilon_max: float, delta: float, remaining_epsilon: float,
+                 remaining_delta: float):
+        super().__init__(epsilon_max, delta, remaining_epsilon, remaining_delta)
+        self.charged = charged
+        self.args = (f"the finished query's worst case epsilon={epsilon_max:.6g}, delta={delta:.3g} did not fit "
+                     f"(epsilon={remaining_epsilon:.6g}, delta={remaining_delta:.3g} were left); its cost "
+                     f"epsilon={charged:.6g} was charged anyway and the budget is closed",)
 
 
 @dataclass(frozen=True)
@@ -102,6 +122,7 @@ class PrivacyFilter:
         self._lock = threading.Lock()
         self.queries = 0
         self.refusals = 0
+        self.overruns = 0  # queries charged more than their declared worst case, or after the budget ran out
 
     @property
     def spent(self) -> Privacy:
@@ -149,7 +170,11 @@ class PrivacyFilter:
             return res
 
     def settle(self, reservation: Reservation, epsilon: float | None = None) -> float:
-        """Step 2: charge the realised cost (``None``: the worst case) and release the rest."""
+        """Step 2: charge the realised cost (``None``: the worst case) and release the rest.
+
+        Never refuses an open reservation: a realised epsilon above the reservation's epsilon_max is
+        charged in full, counted in ``overruns`` and warned about (the budget may then be overspent,
+        which closes it: nothing more is admitted)."""
         eps = reservation.epsilon_max if epsilon is None else check_nonnegative("epsilon", epsilon)
         amount = charge_amount(self.composition, eps, reservation.epsilon_max)
         with self._lock:
@@ -157,19 +182,59 @@ class PrivacyFilter:
                 raise ValueError(f"reservation {reservation.id} is not open (already settled?)")
             self._spent = Privacy(self._spent.epsilon + amount, self._spent.delta + reservation.delta)
             self.queries += 1
+            if eps > reservation.epsilon_max:
+                self.overruns += 1
+        if eps > reservation.epsilon_max:
+            warnings.warn(f"realised epsilon={eps!r} exceeded the reserved epsilon_max={reservation.epsilon_max!r}; "
+                          "charged in full", RuntimeWarning, stacklevel=2)
         return amount
 
     def charge(self, epsilon: float, delta: float = 0.0, *, epsilon_max: float | None = None) -> float:
-        """Admit and charge a finished query in one step; returns the amount charged.
+        """Record a finished query in one step; returns the amount charged.
 
         ``epsilon_max`` is the worst case the query could have cost (defaults to ``epsilon``, as for
-        a PrivBoN query with a fixed pure epsilon). Raises ``BudgetExceededError`` and spends
-        nothing if the worst case does not fit.
+        a PrivBoN query with a fixed pure epsilon). The answer already exists, so its cost is always
+        recorded: if the worst case does not fit, it is charged anyway, the budget is closed, and
+        ``BudgetOverrunError`` says so. To refuse a query before it runs, use ``reserve``/``settle``
+        or ``run``.
         """
         eps = check_nonnegative("epsilon", epsilon)
         eps_max = eps if epsilon_max is None else check_nonnegative("epsilon_max", epsilon_max)
-        charge_amount(self.composition, eps, eps_max)  # validate before holding anything
-        return self.settle(self.reserve(eps_max, delta), eps)
+        delta = check_nonnegative("delta", delta)
+        with self._lock:
+            reserved = self._reserved()
+            fits = admits(self._spent, reserved, self.total, eps_max, delta)
+            remaining = (max(self.total.epsilon - self._spent.epsilon - reserved.epsilon, 0.0),
+                         max(self.total.delta - self._spent.delta - reserved.delta, 0.0))
+            res = Reservation(next(self._ids), eps_max, delta)
+            self._open[res.id] = res
+            if not fits:
+                self.overruns += 1
+        amount = self.settle(res, eps)
+        if not fits:
+            raise BudgetOverrunError(amount, eps_max, delta, *remaining)
+        return amount
+
+    def run(self, query, epsilon_max: float, delta: float = 0.0):
+        """Reserve the worst case, run ``query()`` (returning ``(answer, realised_epsilon)``), charge
+        the realised cost, return the answer. Refuses with ``BudgetExceededError`` before anything
+        runs when the worst case does not fit; if ``query`` raises, its worst case is charged (its
+        candidates may have been seen) and the error propagates.
+
+        >>> f = PrivacyFilter(epsilon_total=1.0)
+        >>> f.run(lambda: ("answer", 0.2), epsilon_max=0.5)
+        'answer'
+        >>> f.spent.epsilon
+        0.2
+        """
+        res = self.reserve(epsilon_max, delta)
+        try:
+            answer, eps = query()
+        except BaseException:
+            self.settle(res)
+            raise
+        self.settle(res, eps)
+        return answer
 
     def __repr__(self) -> str:
         return (f"PrivacyFilter(total={tuple(self.total)}, spent={tuple(self._spent)}, "

@@ -96,7 +96,13 @@ def _analytic_epsilon(s: float, delta_r: float, delta: float) -> float:
     hi = 1.0
     while not ok(hi):
         hi *= 2
+        if hi > _EPS_CEILING:
+            # the noise is so small that epsilon exceeds 1e300: report it as unbounded (never less)
+            return math.inf
     return margin_up(_bisect_up(ok, 0.0, hi))
+
+
+_EPS_CEILING = 1e300
 
 
 def gaussian_mechanism_noise_scale(epsilon: float, sensitivity: float, delta: float,
@@ -108,7 +114,8 @@ def gaussian_mechanism_noise_scale(epsilon: float, sensitivity: float, delta: fl
     if _check_method(method) == "classic":
         return margin_up(_classic_constant(delta_r, delta) / _classic_valid(eps))
     log_target = math.log(delta)
-    return margin_up(smallest_scale(lambda s: _log_delta_analytic(eps, s, delta_r) <= log_target, delta_r))
+    return margin_up(smallest_scale(lambda s: _log_delta_analytic(eps, s, delta_r) <= log_target, delta_r,
+                                    target=f"epsilon={epsilon!r}, delta={delta!r}"))
 
 
 def _check_rnm(sensitivity, r_max, n):
@@ -130,7 +137,12 @@ def gaussian_rnm_epsilon(noise_scale: float, sensitivity: float, r_max: float, n
     """Pure epsilon of Gaussian report-noisy-max over ``n`` scores in [0, r_max] (eq. (26))."""
     sigma = check_positive("noise_scale", noise_scale)
     delta_r, r_max, n = _check_rnm(sensitivity, r_max, n)
+    if not r_max / sigma < _RATIO_CEILING:
+        return math.inf  # epsilon ~ (R_max / sigma)^2 / 2 > 1e300: unbounded in float64, never under-reported
     return margin_up(max(_rnm_epsilon_raw(sigma, delta_r, r_max, n), 0.0))
+
+
+_RATIO_CEILING = 1e150
 
 
 def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n: int) -> float:
@@ -143,5 +155,9 @@ def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n
     if n == 1:
         return 0.0 + np.finfo(float).tiny  # one candidate: selection reveals nothing
 
+    start = 2 * delta_r / eps
+    if not math.isfinite(start):
+        raise ValueError(f"epsilon={epsilon!r} is too small for sensitivity={sensitivity!r}: the noise scale "
+                         "overflows float64")
     return smallest_scale(lambda sigma: margin_up(_rnm_epsilon_raw(sigma, delta_r, r_max, n)) <= eps,
-                          2 * delta_r / eps)
+                          start, target=f"epsilon={epsilon!r}")

@@ -5,6 +5,8 @@ epsilon = 2 Delta_r / sigma  and  sigma = 2 Delta_r / epsilon.
 
 from __future__ import annotations
 
+import math
+
 from .._validation import check_positive
 from ._rounding import ulp_up
 
@@ -20,4 +22,8 @@ def gumbel_noise_scale(epsilon: float, sensitivity: float) -> float:
     """Gumbel scale that gives pure ``epsilon``: sigma = 2 Delta_r / epsilon (rounded up)."""
     eps = check_positive("epsilon", epsilon)
     delta_r = check_positive("sensitivity", sensitivity)
-    return ulp_up(2.0 * delta_r / eps)
+    sigma = ulp_up(2.0 * delta_r / eps)
+    if not math.isfinite(sigma):
+        raise ValueError(f"epsilon={epsilon!r} is too small for sensitivity={sensitivity!r}: the noise scale "
+                         "2 Delta_r / epsilon overflows float64")
+    return sigma

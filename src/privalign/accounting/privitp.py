@@ -22,7 +22,7 @@ import numpy as np
 
 from .._special import log_mean_ndtr
 from .._validation import check_count, check_delta, check_nonnegative, check_positive, check_rewards
-from ._rounding import margin_up
+from ._rounding import margin_up, ulp_up
 from .gaussian import gaussian_mechanism_epsilon
 
 
@@ -97,6 +97,8 @@ def _terms(lt: np.ndarray, sigma_z: float, delta_r: float, r_max: float, L: floa
              - log_mean_ndtr((lt - r_max) / sigma_z, c))
     accept = (log_mean_ndtr((delta_r - lt - b) / sigma_z, c)
               - log_mean_ndtr((-lt - b) / sigma_z, c))
+    # where the tails defeat float64 (sigma_Z or Delta_r extreme) the terms are reported as infinite
+    kappa, accept = np.where(np.isnan(kappa), np.inf, kappa), np.where(np.isnan(accept), np.inf, accept)
     return np.maximum(kappa, 0.0), np.maximum(accept, 0.0)
 
 
@@ -128,25 +130,55 @@ def privitp_epsilon2(t, lambda_tilde, sigma_z: float, sensitivity: float, r_max:
     return margin_up((tt - 1) * kappa + accept)
 
 
-def _sup_monotone_sum(dec, inc, lo: float, hi: float, rel_tol: float = 1e-10) -> float:
-    """Upper bound on sup_{x in [lo, hi]} dec(x) + inc(x) for dec non-increasing, inc non-decreasing.
+def _sup_monotone_sum(dec, inc, lo: float, hi: float, rel_tol: float = 1e-10, refine: int = 512,
+                      rounds: int = 60) -> float:
+    """A rigorous upper bound on S = sup_{x in [lo, hi]} dec(x) + inc(x), dec non-increasing and inc
+    non-decreasing (vectorised callables).
 
-    On a cell [x_k, x_{k+1}] the sum is at most dec(x_k) + inc(x_{k+1}); cells whose bound exceeds
-    the best value seen are split until the bound and the best value agree to ``rel_tol``.
+    Proof. The cells [a_k, b_k] of a partition of [lo, hi] cover every x, and on its cell
+    dec(x) <= dec(a_k) and inc(x) <= inc(b_k), so dec(x) + inc(x) <= U_k := dec(a_k) + inc(b_k);
+    hence S <= max_k U_k. Refinement replaces a cell by sub-cells that cover it (it never drops
+    one), so max_k U_k stays an upper bound after every round and only decreases. The value
+    returned is max_k U_k over the final partition, which is also >= every evaluated
+    dec(x) + inc(x). Each round splits the ``refine`` cells with the largest U_k among those above
+    the best evaluated value into 8; the loop stops when max_k U_k is within ``rel_tol`` of that
+    value, or after ``rounds`` rounds (the bound is then looser, never lower). The callers round the
+    result up by ``REL_MARGIN``, which covers floating-point error in evaluating dec and inc.
     """
     xs = np.linspace(lo, hi, 257)
-    best = -math.inf
+    d, i = np.asarray(dec(xs), float), np.asarray(inc(xs), float)
+    left, right, d_left, i_right = xs[:-1], xs[1:], d[:-1], i[1:]
+    best = float(np.max(d + i))
     bound = math.inf
-    for _ in range(40):
-        d, i = dec(xs), inc(xs)
-        best = max(best, float(np.max(d + i)))
-        cell_bounds = d[:-1] + i[1:]
-        bound = float(np.max(cell_bounds))
-        if bound - best <= rel_tol * max(abs(best), 1e-300):
+    for _ in range(rounds):
+        cells = d_left + i_right
+        bound = float(np.max(cells))
+        if not math.isfinite(bound):
+            return math.inf
+        slack = rel_tol * max(abs(best), 1e-300)
+        if bound - best <= slack:
             break
-        keep = np.flatnonzero(cell_bounds > best + rel_tol * abs(best))[:512]
-        xs = np.unique(np.concatenate([np.linspace(xs[k], xs[k + 1], 9) for k in keep]))
-    return bound
+        open_ = np.flatnonzero(cells > best + slack)
+        if open_.size > refine:
+            open_ = open_[np.argpartition(cells[open_], -refine)[-refine:]]
+        # 7 interior points per refined cell: 8 sub-cells each
+        grid = left[open_, None] + (right[open_] - left[open_])[:, None] * (np.arange(9) / 8.0)[None, :]
+        grid[:, 0], grid[:, -1] = left[open_], right[open_]
+        inner = grid[:, 1:-1].ravel()
+        d_in = np.asarray(dec(inner), float).reshape(-1, 7)
+        i_in = np.asarray(inc(inner), float).reshape(-1, 7)
+        best = max(best, float(np.max(d_in + i_in)))
+        sub_d = np.concatenate([d_left[open_, None], d_in], axis=1)    # dec at each sub-cell's left end
+        sub_i = np.concatenate([i_in, i_right[open_, None]], axis=1)   # inc at each sub-cell's right end
+        keep = np.ones(left.size, bool)
+        keep[open_] = False
+        left = np.concatenate([left[keep], grid[:, :-1].ravel()])
+        right = np.concatenate([right[keep], grid[:, 1:].ravel()])
+        d_left = np.concatenate([d_left[keep], sub_d.ravel()])
+        i_right = np.concatenate([i_right[keep], sub_i.ravel()])
+    else:
+        bound = float(np.max(d_left + i_right))
+    return max(bound, best)
 
 
 def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, delta: float,
@@ -170,4 +202,6 @@ def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, del
 
     worst_t_n = _sup_monotone_sum(lambda x: (n - 1) * kappa(x), accept, -beta, r_max)
     worst_fallback = n * float(kappa(np.array([-beta]))[0])  # kappa is non-increasing
-    return margin_up(eps1 + max(worst_t_n, worst_fallback))
+    # one ulp on top of the margin: a realised cost is ulp_up(epsilon_1 + margin_up(epsilon_2)), which
+    # equals margin_up(epsilon_1 + epsilon_2) before its own ulp when epsilon_1 = 0
+    return ulp_up(margin_up(eps1 + max(worst_t_n, worst_fallback)))

@@ -15,6 +15,7 @@ class Generation:
     text: str
     n_tokens: int
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the backend gives it
+    features: object = None       # policy features (numpy vector) when asked for and the backend gives them
 
 
 class Generator(Protocol):

@@ -75,13 +75,16 @@ class TransformersGenerator:
         return ids.to(self.device)
 
     def generate(self, messages: list[dict], k: int, *, max_new_tokens: int = 256, temperature: float = 1.0,
-                 seed: int | None = None) -> list[Generation]:
+                 seed: int | None = None, features: bool = False) -> list[Generation]:
         """Ancestral sampling at ``temperature`` (no top-k/top-p), k samples in batches.
 
         The prompt is encoded once and its KV cache shared by the batch: for short answers the
         prompt dominates the cost, and ``model.generate`` would encode it once per sample.
         Randomness comes from a private ``torch.Generator`` seeded with ``seed`` (OS entropy when
         None), so runs are reproducible and global RNG state is untouched.
+
+        ``features=True`` also returns each sample's policy features (``policy_features``) in
+        ``Generation.features``, read off the sampling pass itself at the cost of one extra step.
         """
         import torch
 
@@ -97,10 +100,16 @@ class TransformersGenerator:
         out: list[Generation] = []
         for start in range(0, k, self.batch_size):
             b = min(self.batch_size, k - start)
-            out += self._sample(prefix, b, max_new_tokens, temperature, gen, eos)
+            out += self._sample(prefix, b, max_new_tokens, temperature, gen, eos, features)
         return out
 
-    def _sample(self, prefix, b, max_new_tokens, temperature, gen, eos) -> list[Generation]:
+    def _step(self, tokens, cache):
+        """One decoding step through the base model: (last hidden state, logits, cache)."""
+        out = self.model.model(input_ids=tokens, cache=cache, use_cache=True)
+        h = out.last_hidden_state
+        return h, self.model.lm_head(h), out.cache
+
+    def _sample(self, prefix, b, max_new_tokens, temperature, gen, eos, features=False) -> list[Generation]:
         import copy
 
         import torch
@@ -112,6 +121,7 @@ class TransformersGenerator:
         logprob = torch.zeros(b, dtype=torch.float64, device=self.device)
         n_tok = torch.zeros(b, dtype=torch.long, device=self.device)
         alive = torch.ones(b, dtype=torch.bool, device=self.device)
+        acc = _FeatureAccumulator(b, self.device) if features else None
         with torch.no_grad():
             for _ in range(max_new_tokens):
                 logp = torch.log_softmax(logits / temperature, dim=-1)
@@ -120,14 +130,94 @@ class TransformersGenerator:
                 logprob += torch.where(alive, logp.gather(1, nxt[:, None]).squeeze(1).double(), 0.0)
                 n_tok += alive.long()
                 tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+                fed = alive.clone()  # nxt is a response token (possibly the EOS) of these samples
                 alive &= nxt != eos
+                if not alive.any() and acc is None:
+                    break
+                h, step_logits, cache = self._step(nxt[:, None], cache)
+                if acc is not None:
+                    acc.add(h[:, -1, :], fed)
                 if not alive.any():
                     break
-                step = self.model(nxt[:, None], cache=cache, use_cache=True)
-                cache = step["cache"]
-                logits = step.logits[:, -1, :].float()
+                logits = step_logits[:, -1, :].float()
+            if acc is not None and alive.any():
+                # samples cut at max_new_tokens: their feature sequence ends with an EOS too
+                h, _, cache = self._step(torch.full((b, 1), eos, device=self.device), cache)
+                acc.add(h[:, -1, :], alive)
+        feats = acc.result() if acc is not None else None
         res = []
-        for row, n, lp in zip(tokens.tolist(), n_tok.tolist(), logprob.tolist()):
+        for i, (row, n, lp) in enumerate(zip(tokens.tolist(), n_tok.tolist(), logprob.tolist())):
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None))
+            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
+                                  features=None if feats is None else policy_features(feats[0][i], feats[1][i],
+                                                                                      lp, n)))
         return res
+
+    def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64):
+        """Policy features of given responses to one chat prompt, by teacher forcing: the
+        response's tokens followed by EOS, fed after the shared prompt cache (right-padded, which
+        a causal model never attends to). The same features ``generate(features=True)`` records."""
+        import copy
+
+        import numpy as np
+        import torch
+
+        ids = self._prompt_ids(messages)
+        eos = self.tokenizer.eos_token_id
+        out = []
+        with torch.no_grad():
+            prefix = self.model(ids, use_cache=True)
+            for start in range(0, len(responses), batch_size):
+                chunk = responses[start:start + batch_size]
+                toks = [[t for t in self.tokenizer.encode(r, add_special_tokens=False) if t != eos] + [eos]
+                        for r in chunk]
+                width = max(len(t) for t in toks)
+                batch = torch.tensor([t + [eos] * (width - len(t)) for t in toks], device=self.device)
+                lengths = torch.tensor([len(t) for t in toks], device=self.device)
+                cache = copy.deepcopy(prefix["cache"])
+                cache.batch_repeat_interleave(len(chunk))
+                h, logits, _ = self._step(batch, cache)
+                mask = (torch.arange(width, device=self.device)[None, :] < lengths[:, None])
+                last = h[torch.arange(len(chunk)), lengths - 1]
+                mean = (h * mask[..., None]).sum(1) / lengths[:, None]
+                # log-probability of each response token (the EOS included), at temperature 1
+                first = prefix.logits[:, -1:, :].expand(len(chunk), -1, -1)
+                logp = torch.log_softmax(torch.cat([first, logits[:, :-1]], dim=1).float(), dim=-1)
+                tok_lp = logp.gather(2, batch[..., None]).squeeze(2).double() * mask
+                # generation counts the EOS only when it was sampled; a featurised text always ends with it
+                for i, t in enumerate(toks):
+                    out.append(policy_features(last[i].numpy(), mean[i].numpy(), float(tok_lp[i].sum()), len(t)))
+        return np.stack(out)
+
+
+class _FeatureAccumulator:
+    """Running last-token and mean-pooled hidden states over each sample's response tokens."""
+
+    def __init__(self, b: int, device):
+        self.b, self.device = b, device
+        self.sum = self.last = None
+        self.count = None
+
+    def add(self, h, mask):
+        import torch
+
+        if self.sum is None:
+            self.sum = torch.zeros_like(h)
+            self.last = torch.zeros_like(h)
+            self.count = torch.zeros(self.b, device=self.device)
+        m = mask[:, None].to(h.dtype)
+        self.sum += h * m
+        self.last = torch.where(mask[:, None], h, self.last)
+        self.count += mask.to(self.count.dtype)
+
+    def result(self):
+        mean = self.sum / self.count.clamp(min=1)[:, None]
+        return self.last.numpy(), mean.numpy()
+
+
+def policy_features(last, mean, logprob: float | None, n_tokens: int):
+    """The raw feature vector stored per sample: [h_last, h_mean, mean token log-probability]."""
+    import numpy as np
+
+    lp = (logprob / max(n_tokens, 1)) if logprob is not None and math.isfinite(logprob) else 0.0
+    return np.concatenate([np.asarray(last, np.float32), np.asarray(mean, np.float32), np.float32([lp])])

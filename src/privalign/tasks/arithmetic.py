@@ -73,3 +73,59 @@ class Arithmetic(Task):
 
     def reference_response(self, problem: Problem) -> str:
         return problem.reference
+
+
+# ---------------------------------------------------------------- the wide family, for real-data evidence
+MIX_EXAMPLES = {
+    "+": [("What is 2 + 5?", "7"), ("What is 13 + 4?", "17")],
+    "-": [("What is 7 - 2?", "5"), ("What is 15 - 3?", "12")],
+    "*": [("What is 2 times 3?", "6"), ("What is 4 times 1?", "4")],
+}
+MIX_TEST = 300
+
+
+def _mix_problems() -> list[tuple[int, str, int]]:
+    """a + b (a in 0..19, b in 0..9), a - b (same ranges, a >= b), a times b (1..9 each), less the
+    worked examples: 430 problems in a fixed shuffle."""
+    probs = [(a, "+", b) for a in range(20) for b in range(10)]
+    probs += [(a, "-", b) for a in range(20) for b in range(10) if a >= b]
+    probs += [(a, "*", b) for a in range(1, 10) for b in range(1, 10)]
+    seen = {q for ex in MIX_EXAMPLES.values() for q, _ in ex}
+    probs = [p for p in probs if _mix_question(*p) not in seen]
+    order = np.random.default_rng(20261203).permutation(len(probs))
+    return [probs[i] for i in order]
+
+
+def _mix_question(a: int, op: str, b: int) -> str:
+    return f"What is {a} times {b}?" if op == "*" else f"What is {a} {op} {b}?"
+
+
+class ArithmeticMix(Arithmetic):
+    """``arithmetic-mix``: the arithmetic family widened for pools of real size. Additions with a
+    one- or two-digit first operand, non-negative subtractions and one-digit multiplications
+    (430 problems: 300 test, 130 train), each asked after two worked examples of its own operation.
+    SmolLM2-135M at temperature 1 is right about 20% of the time (additions ~20%, subtractions
+    ~10%, products ~30% in a pilot of 16 samples per prompt), most prompts between 5% and 60%."""
+
+    def __init__(self):
+        self.name = "arithmetic-mix"
+
+    def load(self, split: str = "test", limit: int | None = None) -> list[Problem]:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        allp = _mix_problems()
+        chosen = allp[:MIX_TEST] if split == "test" else allp[MIX_TEST:]
+        out = []
+        for i, (a, op, b) in enumerate(chosen[:limit]):
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            out.append(Problem(id=f"{self.name}-{split}-{i}", question=_mix_question(a, op, b),
+                               reference=str(value), meta={"a": a, "b": b, "op": op}))
+        return out
+
+    def messages(self, problem: Problem) -> list[dict]:
+        op = problem.meta.get("op") or ("*" if " times " in problem.question else
+                                        "-" if " - " in problem.question else "+")
+        msgs = []
+        for q, a in MIX_EXAMPLES[op]:
+            msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        return msgs + [{"role": "user", "content": problem.question}]
