@@ -106,20 +106,27 @@ def test_interrupt_leaves_no_half_written_results(tmp_path):
 
 def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
     pool = simulate("hackable", 16, 300, seed=4)
-    out = run_reproduce(tmp_path / "res", pool, "test pool", settings=EvalSettings(n_grid=(1, 4, 16), replicates=4),
-                        sigma_grid=(0.05, 0.5), beta_grid=(0.01, 0.1), n_ref=8, mq_sigmas=(2.0, 4.0), mq_seeds=2)
+    out = run_reproduce(tmp_path / "res", pool, "test pool", settings=EvalSettings(replicates=4),
+                        n_grid=(1, 4, 16), sigma_grid=(0.05, 0.5), beta_grid=(0.01, 0.1), n_ref=8,
+                        epsilons=(1.0, 10.0), stream_seeds=2)
     names = {p.name for p in out.iterdir()}
-    for stem in ("curves_accuracy", "curves_hacking", "ablation_sigma", "ablation_beta_itp",
-                 "ablation_beta_privitp", "itp_vs_privitp", "fsrc_queries"):
+    for stem in ("headline", "curves_all_targets", "privacy_utility", "itp_vs_privitp", "fsrc_stream"):
         assert {f"{stem}.png", f"{stem}.pdf"} <= names
-    for table in ("summary.csv", "noise_sweep.csv", "multi_query.csv", "multi_query_summary.csv",
-                  "budget_table.csv", "settings.json", "report.html"):
+    for table in ("summary.csv", "tuning.csv", "privacy_utility.csv", "noise_sweep.csv", "stream.csv",
+                  "stream_summary.csv", "headline.json", "settings.json", "report.html"):
         assert table in names
-    settings = json.loads((out / "settings.json").read_text())
-    assert settings["chosen"]["privbon_sigma"] in (0.05, 0.5)
-    mq = read_csv(out / "multi_query_summary.csv")
-    fsrc = {r["sigma"]: r["queries_mean"] for r in mq if r["composition"] == "fsrc"}
-    basic = {r["sigma"]: r["queries_mean"] for r in mq if r["composition"] == "basic"}
-    assert all(fsrc[s] >= basic[s] for s in fsrc)
+    # every private setting that was run fits its target
+    for r in read_csv(out / "summary.csv") + read_csv(out / "privacy_utility.csv"):
+        if r["algorithm"] in ("privbon", "privbon-gaussian", "privitp"):
+            assert r["worst_case_epsilon"] <= r["target_epsilon"]
+    for r in read_csv(out / "tuning.csv"):
+        assert r["worst_case_epsilon"] <= r["target_epsilon"] or r["algorithm"] == "itp"
+    summary = read_csv(out / "stream_summary.csv")
+    q = {r["composition"]: r["queries_mean"] for r in summary}
+    assert q["fsrc"] >= q["basic"] >= 1
+    head = json.loads((out / "headline.json").read_text())
+    assert {"bon_lift", "privbon_keeps", "regularisation", "fsrc"} <= set(head)
     page = (out / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 7
+    assert page.index("What was run") < page.index("Privacy summary") < page.index("Headline") < page.index("Raw tables")
+    assert page.count('src="data:image/png;base64,') == 5
+    assert "95% bootstrap" in page

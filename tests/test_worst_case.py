@@ -49,7 +49,7 @@ def test_sup_bound_keeps_every_cell():
     def dec(x):
         return -2.0 * np.asarray(x)
 
-    bound = _sup_monotone_sum(dec, inc, 0.0, 1.0)
+    bound = _sup_monotone_sum(lambda x: (dec(x), inc(x)), 0.0, 1.0)
     xs = np.linspace(0.0, 1.0, 2_000_001)
     assert bound >= float(np.max(dec(xs) + inc(xs)))
 

@@ -158,23 +158,66 @@ def report(results: Path = typer.Argument(..., help="results directory")):
 
 
 @app.command()
-def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded real arithmetic pool)"),
+def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded arithmetic-mix pool)"),
+              task: Optional[str] = typer.Option(None, help="use the embedded pool of this task "
+                                                            "(arithmetic-mix, mmlu-letters, arithmetic, addition)"),
+              reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's default)"),
+              targets: str = typer.Option("1,4", help="target epsilons per query (worst case)"),
               replicates: int = typer.Option(50),
-              n: str = typer.Option("1,2,4,...,4096", help="candidate counts of the main curves"),
               seed: int = typer.Option(0),
               out: Path = typer.Option(..., help="results directory")):
-    """The paper's experiment suite: ablations, main curves, ITP vs PrivITP, FSRC, budget table."""
+    """The paper's experiments at fixed privacy levels: tuning under a privacy constraint on held-out
+    prompts, curves with 95% intervals, privacy-utility, ITP vs PrivITP, FSRC stream, report."""
     from .evaluation import EvalSettings
-    from .evaluation.suite import run_reproduce
+    from .evaluation.suite import default_pool, run_reproduce
 
-    p = _load(pool) if pool else None
-    settings = EvalSettings(replicates=replicates, n_grid=parse_int_list(n), seed=seed)
+    if pool and task:
+        _fail("give --pool or --task, not both")
+    try:
+        target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
+        if not target_eps or min(target_eps) <= 0:
+            raise ValueError
+    except ValueError:
+        _fail(f"--targets must be positive numbers like '1,4', got {targets!r}")
+    if pool:
+        p, label = _load(pool), pool
+    else:
+        try:
+            p, label = default_pool(task)
+        except ValueError as e:
+            _fail(str(e))
+    if reward is not None and reward not in p.reward_names:
+        _fail(f"--reward {reward!r} is not a reward column of {label}; it has {p.reward_names}")
+    settings = EvalSettings(replicates=replicates, seed=seed, reward=reward)
     with _progress() as bar:
-        task = bar.add_task("experiments", total=7)
-        run_reproduce(out, p, pool, settings=settings,
-                      progress=lambda name, done, total: bar.update(task, completed=done, total=total,
-                                                                     description=name))
-    console.print(f"wrote {out} (open {out}/report.html)")
+        job = bar.add_task("experiments", total=7)
+        run_reproduce(out, p, label, settings=settings, targets=target_eps,
+                      progress=lambda name, done, total: bar.update(job, completed=done, total=total,
+                                                                    description=name))
+    _print_headline(out)
+
+
+def _print_headline(out: Path) -> None:
+    h = json.loads((out / "headline.json").read_text())
+    n, eps = h["n_ref"], h["target_epsilon"]
+    lines = [f"wrote {out} (open {out}/report.html)", f"base accuracy {h['base_accuracy']:.3g}"]
+    if "bon_lift" in h:
+        b = h["bon_lift"]
+        lines.append(f"BoN lift at n={n}: {b['points']:.3g} points (95% CI {b['ci'][0]:.3g} to {b['ci'][1]:.3g})")
+    if "privbon_keeps" in h:
+        k = h["privbon_keeps"]
+        lines.append(f"PrivBoN (Gumbel) at epsilon={eps:g}/query keeps {100 * k['share']:.3g}% of BoN's lift")
+    if "privitp_vs_itp" in h:
+        q = h["privitp_vs_itp"]
+        lines.append(f"PrivITP at held-out sigma={q['sigma']:g}: {q['gap_points']:.3g} points below ITP "
+                     f"(epsilon {q['epsilon']:.3g}/query)")
+    if "regularisation" in h:
+        r = h["regularisation"]
+        lines.append(f"largest n={r['n']}: PrivBoN (epsilon {r['epsilon']:g}) {r['privbon']:.3g} vs BoN {r['bon']:.3g}")
+    if "fsrc" in h:
+        f = h["fsrc"]
+        lines.append(f"FSRC answers {f['fsrc_queries']:.3g} queries vs {f['basic_queries']:.3g} basic ({f['ratio']:.3g}x)")
+    console.print("\n".join(lines))
 
 
 rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")
@@ -237,7 +280,8 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] 
 
 @app.command()
 def score(pool: Path = typer.Argument(...),
-          reward: list[str] = typer.Option(..., help="minilm-bt:PATH, hf:PATH_OR_ID or http:URL (repeatable)")):
+          reward: list[str] = typer.Option(..., help="minilm-bt:PATH, policy-bt:PATH, hf:PATH_OR_ID or http:URL "
+                                                     "(repeatable)")):
     """Score a pool's responses with reward models: adds one reward:<name> column each."""
     from .pipeline import score_pool
     from .rewards import load_reward
@@ -253,22 +297,38 @@ def score(pool: Path = typer.Argument(...),
 
 
 @rm_app.command("train")
-def rm_train(task: str = typer.Option("gsm8k", help="gsm8k or arithmetic: preference pairs from the train split"),
-             limit: Optional[int] = typer.Option(None, help="first N training problems (one pair each)"),
-             lam: float = typer.Option(1e-2, help="L2 regularisation lambda"),
+def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds pairs from its train split; "
+                                                    "policy-bt needs it for the chat format"),
+             features: str = typer.Option("minilm", help="minilm (sentence embeddings of reference pairs) or "
+                                                         "policy (the policy's own features, from --pool)"),
+             pool: Optional[Path] = typer.Option(None, help="policy: a pool of graded policy samples on the TRAIN "
+                                                            "prompts, generated with --features"),
+             limit: Optional[int] = typer.Option(None, help="minilm: first N training problems (one pair each)"),
+             lam: Optional[str] = typer.Option(None, help="L2 regularisation lambda (policy: a comma list to choose "
+                                                          "from on validation prompts)"),
+             components: str = typer.Option("8,16", help="policy: PCA sizes q to choose from"),
+             pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
              pairs_per_person: int = typer.Option(1, help="k: pairs one person contributes"),
+             target_epsilon: float = typer.Option(1.0, help="policy: epsilon per query that the choice of "
+                                                            "(q, lambda) optimises PrivBoN accuracy for"),
              seed: int = typer.Option(0),
-             name: str = typer.Option("minilm-bt"),
+             name: Optional[str] = typer.Option(None, help="reward name (default: minilm-bt or policy-bt)"),
              data_dir: Optional[str] = typer.Option(None),
              out: Path = typer.Option(..., help="output model (JSON)")):
-    """Train the certified embedding Bradley-Terry reward model and print its certificate."""
+    """Train a certified Bradley-Terry reward model and print its certificate."""
+    if features == "policy":
+        return _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon,
+                                seed, name or "policy-bt", out)
+    if features != "minilm":
+        _fail(f"--features must be 'minilm' or 'policy', got {features!r}")
     from .rewards import EmbeddingBTReward
     from .rewards.preferences import preference_pairs
 
     try:
+        lam_value = float(lam) if lam else 1e-2
         prompts, chosen, rejected = preference_pairs(task, limit, seed, data_dir)
-        model = EmbeddingBTReward.train(prompts, chosen, rejected, lam=lam, pairs_per_person=pairs_per_person,
-                                        name=name, meta={"task": task, "pairs": len(prompts), "seed": seed})
+        model = EmbeddingBTReward.train(prompts, chosen, rejected, lam=lam_value, pairs_per_person=pairs_per_person,
+                                        name=name or "minilm-bt", meta={"task": task, "pairs": len(prompts), "seed": seed})
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     model.save(out)
@@ -276,6 +336,83 @@ def rm_train(task: str = typer.Option("gsm8k", help="gsm8k or arithmetic: prefer
     console.print(f"wrote {out}: {len(prompts)} pairs, train pair accuracy {model.meta['train_pair_accuracy']:.3f}, "
                   f"certified Delta_r = {model.sensitivity:.4g} on output range [{lo:.3g}, {hi:.3g}] "
                   f"({model.sensitivity / (hi - lo):.3%} of its width)")
+
+
+def _train_pool(pool: Optional[Path]):
+    from .pipeline import pool_features
+
+    if pool is None:
+        _fail("--features policy needs --pool: graded policy samples of the train prompts (privalign generate "
+              "--split train --features ...)")
+    p = _load(pool)
+    raw = pool_features(p, pool)
+    if raw is None:
+        _fail(f"{pool} has no recorded policy features ({pool}.features.npz); regenerate it with --features")
+    return p, raw
+
+
+def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, seed, name, out):
+    from rich.table import Table
+
+    from .rewards.policy_bt import train_policy_bt
+
+    p, raw = _train_pool(pool)
+    try:
+        lambdas = tuple(float(v) for v in lam.split(",")) if lam else (0.01, 0.03, 0.1, 0.3, 1.0)
+        model, grid = train_policy_bt(raw, p.columns["prompt_id"], p.columns["true_reward"], task=task,
+                                      lambdas=lambdas, components=parse_int_list(components),
+                                      pairs_per_prompt=pairs_per_prompt, pairs_per_person=pairs_per_person,
+                                      target_epsilon=target_epsilon, seed=seed, name=name)
+    except ValueError as e:
+        _fail(str(e))
+    table = Table(title=f"(q, lambda) on {model.meta['validation_prompts']} validation prompts (never test)")
+    for col in ("q", "lambda", "Delta_r", "val AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
+        table.add_column(col, justify="right")
+    for r in grid:
+        table.add_row(str(r["components"]), f"{r['lambda']:g}", f"{r['sensitivity']:.3g}", f"{r['val_auc']:.3f}",
+                      f"{r['val_privbon_accuracy']:.3f}", f"{r['val_bon_accuracy']:.3f}")
+    console.print(table)
+    model.save(out)
+    meta, lo_hi = model.meta, model.output_range
+    console.print(
+        f"wrote {out}: m = {model.m} pairs from {meta['fit_prompts']} prompts, k = {model.k} pair(s) per person, "
+        f"q = {meta['components']}, lambda = {model.lam:g}{' (on the edge of its grid)' if meta['lambda_on_grid_edge'] else ''}, "
+        f"certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
+        f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); held-out AUC {meta['val_auc']:.3f} "
+        f"(log-probability alone {meta['val_logprob_auc']:.3f}); base accuracy {meta['val_base_accuracy']:.3f}")
+
+
+@rm_app.command("check-sensitivity")
+def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt model (JSON)"),
+                         pool: Path = typer.Option(..., help="the train pool it was trained on"),
+                         trials: int = typer.Option(24, help="retrainings (>= 20)"),
+                         seed: int = typer.Option(0)):
+    """Retrain with one person's pairs replaced by adversarial ones; compare the score change with
+    the certified Delta_r (exit 1 if it is ever exceeded)."""
+    from .rewards.policy_bt import PolicyBTReward, check_sensitivity
+
+    try:
+        m = PolicyBTReward.load(model)
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"{model}: {e}")
+    p, raw = _train_pool(pool)
+    try:
+        rows = check_sensitivity(m, raw, p.columns["prompt_id"], p.columns["true_reward"], trials, seed)
+    except ValueError as e:
+        _fail(str(e))
+    worst_score = max(r["max_score_change"] for r in rows)
+    worst_w = max(r["weight_change"] for r in rows)
+    for kind in sorted({r["adversary"] for r in rows}):
+        sub = [r for r in rows if r["adversary"] == kind]
+        console.print(f"  {kind:<13} {len(sub):>3} retrainings: max |r_D - r_D'| = "
+                      f"{max(r['max_score_change'] for r in sub):.4g}, max ||w_D - w_D'|| = "
+                      f"{max(r['weight_change'] for r in sub):.4g}")
+    console.print(f"{len(rows)} retrainings: max |r_D - r_D'| on the train samples {worst_score:.4g}, over all inputs "
+                  f"(||w_D - w_D'||) {worst_w:.4g}; certified Delta_r {m.sensitivity:.4g} "
+                  f"({worst_w / m.sensitivity:.1%} of it)")
+    if worst_w > m.sensitivity:
+        console.print("[red]the certificate was exceeded[/red]")
+        raise typer.Exit(1)
 
 
 @app.command()

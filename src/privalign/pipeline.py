@@ -149,6 +149,17 @@ def merge_shards(shards: Path, metadata: dict) -> Pool:
     return Pool(cols, metadata).validate()
 
 
+class _RecordedFeatures(RewardModel):
+    """A features-based reward model applied to features recorded with the pool."""
+
+    def __init__(self, model, raw):
+        self.model, self.raw = model, raw
+        self.name, self.output_range = model.name, model.output_range
+
+    def score(self, prompts, responses):
+        return self.model.score_features(self.raw)
+
+
 def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 256,
                progress: Callable[[int, int], None] | None = None) -> Pool:
     """Add one ``reward:<name>`` column per model (needs the ``prompt`` and ``response`` columns)."""
@@ -161,10 +172,17 @@ def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 25
     total = len(models) * len(prompts)
     done = 0
     clipped = dict(pool.metadata.get("clipped", {}))
+    raw = None
     for model in models:
         scores, n_clip = [], 0
+        if hasattr(model, "score_features") and raw is None:
+            raw = pool_features(pool, path)  # recorded while sampling: no second pass through the policy
         for i in range(0, len(prompts), batch_size):
-            s = score_checked(model, prompts[i:i + batch_size], responses[i:i + batch_size])
+            if hasattr(model, "score_features") and raw is not None:
+                s = score_checked(_RecordedFeatures(model, raw[i:i + batch_size]), prompts[i:i + batch_size],
+                                  responses[i:i + batch_size])
+            else:
+                s = score_checked(model, prompts[i:i + batch_size], responses[i:i + batch_size])
             scores.append(s.scores)
             n_clip += s.n_clipped
             done += len(s.scores)
@@ -176,9 +194,12 @@ def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 25
         if model.name not in rms:
             rms.append(model.name)
         pool.metadata["reward_models"] = rms
+        if model.sensitivity is not None:  # a certified reward model becomes the pool's default
+            pool.metadata["default_reward"] = model.name
         pool.metadata.setdefault("reward_model_info", {})[model.name] = {
             "output_range": list(model.output_range), "sensitivity": model.sensitivity,
-            **({"certificate": getattr(model, "meta", {})} if getattr(model, "meta", None) else {})}
+            **({"certificate": {**model.certificate(), **getattr(model, "meta", {})}} if hasattr(model, "certificate")
+               else {"certificate": model.meta} if getattr(model, "meta", None) else {})}
     pool.metadata["clipped"] = clipped
     pool.save(path)
     return pool

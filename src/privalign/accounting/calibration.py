@@ -53,5 +53,5 @@ def privitp_noise_scales(epsilon_max: float, delta: float, n: int, beta: float, 
 
     sigma_z = smallest_scale(
         lambda sz: privitp_epsilon_max(n, beta, sigma_x, sz, delta, sensitivity, r_max, L) <= eps,
-        sensitivity, rel_tol=1e-9)
+        sensitivity, rel_tol=1e-6)
     return sigma_x, sigma_z

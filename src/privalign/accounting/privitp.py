@@ -130,23 +130,24 @@ def privitp_epsilon2(t, lambda_tilde, sigma_z: float, sensitivity: float, r_max:
     return margin_up((tt - 1) * kappa + accept)
 
 
-def _sup_monotone_sum(dec, inc, lo: float, hi: float, rel_tol: float = 1e-10, refine: int = 512,
-                      rounds: int = 60) -> float:
+def _sup_monotone_sum(terms, lo: float, hi: float, rel_tol: float = 1e-8, refine: int = 16384,
+                      rounds: int = 40) -> float:
     """A rigorous upper bound on S = sup_{x in [lo, hi]} dec(x) + inc(x), dec non-increasing and inc
-    non-decreasing (vectorised callables).
+    non-decreasing; ``terms(x)`` returns the arrays (dec(x), inc(x)).
 
     Proof. The cells [a_k, b_k] of a partition of [lo, hi] cover every x, and on its cell
     dec(x) <= dec(a_k) and inc(x) <= inc(b_k), so dec(x) + inc(x) <= U_k := dec(a_k) + inc(b_k);
     hence S <= max_k U_k. Refinement replaces a cell by sub-cells that cover it (it never drops
     one), so max_k U_k stays an upper bound after every round and only decreases. The value
     returned is max_k U_k over the final partition, which is also >= every evaluated
-    dec(x) + inc(x). Each round splits the ``refine`` cells with the largest U_k among those above
-    the best evaluated value into 8; the loop stops when max_k U_k is within ``rel_tol`` of that
-    value, or after ``rounds`` rounds (the bound is then looser, never lower). The callers round the
-    result up by ``REL_MARGIN``, which covers floating-point error in evaluating dec and inc.
+    dec(x) + inc(x). Each round splits the cells whose U_k exceeds the best evaluated value (at most
+    the ``refine`` largest) into 8; the loop stops when max_k U_k is within ``rel_tol`` of that
+    value, or after ``rounds`` rounds (the bound is then looser, never lower). ``rel_tol`` is only
+    the tightness: the bound holds whatever it is. The callers round the result up by
+    ``REL_MARGIN``, which covers floating-point error in evaluating dec and inc.
     """
     xs = np.linspace(lo, hi, 257)
-    d, i = np.asarray(dec(xs), float), np.asarray(inc(xs), float)
+    d, i = (np.asarray(v, float) for v in terms(xs))
     left, right, d_left, i_right = xs[:-1], xs[1:], d[:-1], i[1:]
     best = float(np.max(d + i))
     bound = math.inf
@@ -164,9 +165,7 @@ def _sup_monotone_sum(dec, inc, lo: float, hi: float, rel_tol: float = 1e-10, re
         # 7 interior points per refined cell: 8 sub-cells each
         grid = left[open_, None] + (right[open_] - left[open_])[:, None] * (np.arange(9) / 8.0)[None, :]
         grid[:, 0], grid[:, -1] = left[open_], right[open_]
-        inner = grid[:, 1:-1].ravel()
-        d_in = np.asarray(dec(inner), float).reshape(-1, 7)
-        i_in = np.asarray(inc(inner), float).reshape(-1, 7)
+        d_in, i_in = (np.asarray(v, float).reshape(-1, 7) for v in terms(grid[:, 1:-1].ravel()))
         best = max(best, float(np.max(d_in + i_in)))
         sub_d = np.concatenate([d_left[open_, None], d_in], axis=1)    # dec at each sub-cell's left end
         sub_i = np.concatenate([i_in, i_right[open_, None]], axis=1)   # inc at each sub-cell's right end
@@ -194,14 +193,12 @@ def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, del
     sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
     eps1 = gaussian_mechanism_epsilon(sigma_x, delta_r, check_delta(delta), method=method)
 
-    def kappa(x):
-        return _terms(np.asarray(x), sigma_z, delta_r, r_max, L)[0]
+    def terms(x):
+        kappa, accept = _terms(np.asarray(x), sigma_z, delta_r, r_max, L)
+        return (n - 1) * kappa, accept
 
-    def accept(x):
-        return _terms(np.asarray(x), sigma_z, delta_r, r_max, L)[1]
-
-    worst_t_n = _sup_monotone_sum(lambda x: (n - 1) * kappa(x), accept, -beta, r_max)
-    worst_fallback = n * float(kappa(np.array([-beta]))[0])  # kappa is non-increasing
+    worst_t_n = _sup_monotone_sum(terms, -beta, r_max)
+    worst_fallback = n * float(_terms(np.array([-beta]), sigma_z, delta_r, r_max, L)[0][0])  # kappa is non-increasing
     # one ulp on top of the margin: a realised cost is ulp_up(epsilon_1 + margin_up(epsilon_2)), which
     # equals margin_up(epsilon_1 + epsilon_2) before its own ulp when epsilon_1 = 0
     return ulp_up(margin_up(eps1 + max(worst_t_n, worst_fallback)))

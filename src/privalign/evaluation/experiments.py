@@ -3,9 +3,9 @@
 * ``ablation``: sweep one parameter (sigma for PrivBoN, beta for ITP/PrivITP), choose the best
   value on held-out prompts, report it on the rest (the paper's protocol).
 * ``noise_sweep``: ITP versus PrivITP across total noise sigma at a fixed n.
-* ``multi_query``: a stream of PrivITP queries under one budget, FSRC versus basic composition,
-  over seeds and a sigma grid, with halting-time statistics (paper Fig. 1 bottom right, Fig. 13).
-* ``budget_table``: epsilon per mechanism across noise levels (App. G.3).
+
+The experiments at a fixed privacy level (tuning under a worst-case epsilon, curves, the FSRC
+stream) are in ``evaluation.private``.
 """
 
 from __future__ import annotations
@@ -71,86 +71,4 @@ def noise_sweep(pool: GroupedPool, base: EvalSettings, sigmas=SIGMA_GRID, n: int
                                    sigma_x=None, sigma_z=None)).summary_rows()[0]
         rows.append({"algorithm": "privitp", "sigma": float(sigma), "n": n, "accuracy": r["accuracy"],
                      "accuracy_se": r["accuracy_se"], "epsilon": r["epsilon"]})
-    return rows
-
-
-def multi_query(pool: GroupedPool, base: EvalSettings, sigmas=(0.5, 1.0, 2.0, 4.0), seeds: int = 10,
-                n: int = 16, beta: float = 0.05, epsilon_total: float = 50.0, delta: float = 1e-2,
-                sensitivity: float = 1.0, max_queries: int = 100_000) -> list[dict]:
-    """Answer a stream of prompts with the real PrivITP mechanism under a total budget.
-
-    Each query picks the next prompt of a seeded shuffle, draws two independent batches of n from
-    its pool and charges the realised ex-post epsilon (FSRC) or epsilon_max (basic). The stream
-    stops at the first query whose worst case no longer fits. As in the paper, Delta_r = R_max
-    (``sensitivity=1`` in units of the range). delta_total is just below 1; since every query
-    spends delta and deltas add, no stream can exceed floor((1 - 1e-9) / delta) - 1 = 98 to 99
-    queries at delta = 0.01, whatever epsilon allows.
-    """
-    prep = prepare(pool, base)
-    rows = []
-    for sigma in sigmas:
-        sx = sz = sigma / 2
-        L = A.default_truncation(n)
-        eps_max = A.privitp_epsilon_max(n, beta, sx, sz, delta, sensitivity, 1.0, L)
-        for comp in A.COMPOSITIONS:
-            for seed in range(seeds):
-                rng = np.random.default_rng([base.seed, seed])
-                order = rng.permutation(pool.n_prompts)
-                f = A.PrivacyFilter(epsilon_total, 1 - 1e-9, comp)
-                halting, eps = [], []
-                while f.can_run(eps_max, delta) and f.queries < max_queries:
-                    x, _ = prep.prompt(int(order[f.queries % order.size]))
-                    b1, b2 = x[rng.integers(0, x.size, n)], x[rng.integers(0, x.size, n)]
-                    sel = privitp(b1, b2, beta=beta, sigma_x=sx, sigma_z=sz, delta=delta, truncation=L,
-                                  sensitivity=sensitivity, reward_range=(0.0, 1.0), rng=rng)
-                    f.charge(sel.epsilon, delta, epsilon_max=eps_max)
-                    halting.append(sel.halting_time)
-                    eps.append(sel.epsilon)
-                rows.append({"sigma": float(sigma), "composition": comp, "seed": seed, "queries": f.queries,
-                             "epsilon_max": eps_max, "epsilon_spent": f.spent.epsilon,
-                             "mean_epsilon": float(np.mean(eps)) if eps else math.nan,
-                             "mean_halting_time": float(np.mean(halting)) if halting else math.nan,
-                             "median_halting_time": float(np.median(halting)) if halting else math.nan,
-                             "fallback_rate": float(np.mean(np.array(halting) == n + 1)) if halting else math.nan})
-    return rows
-
-
-def summarise_multi_query(rows: list[dict]) -> list[dict]:
-    out = []
-    for sigma in sorted({r["sigma"] for r in rows}):
-        for comp in A.COMPOSITIONS:
-            q = np.array([r["queries"] for r in rows if r["sigma"] == sigma and r["composition"] == comp], float)
-            t = [r["mean_halting_time"] for r in rows if r["sigma"] == sigma and r["composition"] == comp]
-            out.append({"sigma": sigma, "composition": comp, "queries_mean": float(q.mean()),
-                        "queries_se": float(q.std(ddof=1) / math.sqrt(q.size)) if q.size > 1 else 0.0,
-                        "mean_halting_time": float(np.nanmean(t)), "seeds": int(q.size)})
-    return out
-
-
-def budget_table(sigmas=(0.25, 0.5, 1.0, 2.0, 4.0), n: int = 16, beta: float = 0.05, delta: float = 1e-2,
-                 sensitivity: float = 1.0, r_max: float = 1.0, mean_halting: dict | None = None) -> list[dict]:
-    """Epsilon per mechanism across noise levels (App. G.3: Delta_r = R_max, delta = 1e-2, n = 16).
-
-    PrivITP uses sigma_X = sigma_Z = sigma/2; its ex-post cost is shown at the worst-case lambda~
-    for the mean halting time ``mean_halting[sigma]`` when given (as in the paper's table).
-    """
-    rows = []
-    for sigma in sigmas:
-        sx = sz = sigma / 2
-        L = A.default_truncation(n)
-        eps1 = A.gaussian_mechanism_epsilon(sx, sensitivity, delta)
-        try:
-            eps1_classic = A.gaussian_mechanism_epsilon(sx, sensitivity, delta, method="classic")
-        except ValueError:
-            eps1_classic = math.nan
-        row = {"sigma": sigma, "privbon_gumbel": A.gumbel_epsilon(sigma, sensitivity),
-               "privbon_gaussian": A.gaussian_rnm_epsilon(sigma, sensitivity, r_max, n),
-               "privitp_epsilon_1": eps1, "privitp_epsilon_1_classic": eps1_classic,
-               "privitp_epsilon_max": A.privitp_epsilon_max(n, beta, sx, sz, delta, sensitivity, r_max, L)}
-        if mean_halting and sigma in mean_halting:
-            t = max(1, min(n, int(round(mean_halting[sigma]))))
-            lams = np.linspace(-beta, r_max, 2001)
-            row["mean_halting_time"] = mean_halting[sigma]
-            row["privitp_expost_at_mean_t"] = eps1 + float(np.max(A.privitp_epsilon2(t, lams, sz, sensitivity, r_max, L)))
-        rows.append(row)
     return rows

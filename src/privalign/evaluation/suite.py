@@ -7,6 +7,7 @@ figures (PNG and PDF) and ``report.html``. It is written atomically.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 from collections.abc import Callable
@@ -80,19 +81,24 @@ def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=
     return Path(out)
 
 
-DEFAULT_POOL = "arithmetic-smollm2.parquet"
+DEFAULT_POOL = "arithmetic-mix-smollm2.parquet"
+SHIPPED_POOLS = {"arithmetic-mix": "arithmetic-mix-smollm2.parquet", "mmlu-letters": "mmlu-letters-smollm2.parquet",
+                 "arithmetic": "arithmetic-smollm2.parquet", "addition": "addition-smollm2.parquet"}
 
 
-def default_pool() -> tuple[Pool, str]:
-    """The embedded default pool of ``reproduce``: a real pool built with the embedded models
-    (SmolLM2-135M-Instruct on the arithmetic family, scored by the certified MiniLM reward model;
-    docs/pipeline.md has the commands that rebuild it)."""
+def default_pool(task: str | None = None) -> tuple[Pool, str]:
+    """An embedded real pool (SmolLM2-135M-Instruct samples, graded, scored by certified reward
+    models; docs/experiments.md has the commands that rebuild each): the one of ``task``, by
+    default ``arithmetic-mix`` with its ``policy-bt`` reward."""
     from importlib import resources
 
     from ..pools import load_pool
 
-    path = resources.files("privalign") / "data" / DEFAULT_POOL
-    return load_pool(str(path)), f"embedded default: {DEFAULT_POOL}"
+    if task is not None and task not in SHIPPED_POOLS:
+        raise ValueError(f"no shipped pool for task {task!r}; shipped: {sorted(SHIPPED_POOLS)}")
+    name = SHIPPED_POOLS[task] if task else DEFAULT_POOL
+    path = resources.files("privalign") / "data" / name
+    return load_pool(str(path)), f"embedded: {name}"
 
 
 def declared_reward(pool: Pool, settings: EvalSettings) -> EvalSettings:
@@ -110,22 +116,36 @@ def declared_reward(pool: Pool, settings: EvalSettings) -> EvalSettings:
     return out
 
 
-def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, settings: EvalSettings | None = None,
-                  sigma_grid=X.SIGMA_GRID, beta_grid=X.BETA_GRID, n_ref: int = 64, mq_sigmas=(0.5, 1.0, 2.0, 4.0),
-                  mq_seeds: int = 10, progress: Progress | None = None) -> Path:
-    """The paper's experiment suite on one pool.
+REPRODUCE_N = (1, 2, 4, 8, 16, 32, 64)
+UTILITY_EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
-    1. Ablations on held-out prompts choose sigma (PrivBoN) and beta (ITP, PrivITP).
-    2. The main curves of all four algorithms on the remaining prompts with the chosen values
-       (PrivITP uses the chosen PrivBoN sigma as its total noise, as in the paper).
-    3. ITP versus PrivITP across noise; 4. the multi-query FSRC experiment; 5. the budget table.
+
+def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, settings: EvalSettings | None = None,
+                  targets=(1.0, 4.0), n_ref: int = 16, n_grid=REPRODUCE_N, epsilons=UTILITY_EPSILONS,
+                  beta_grid=X.BETA_GRID, sigma_grid=X.SIGMA_GRID, delta: float = 1e-5,
+                  stream_total: float = 20.0, stream_delta_total: float = 1e-3, stream_seeds: int = 10,
+                  progress: Progress | None = None) -> Path:
+    """The paper's experiments at privacy levels a reviewer would accept.
+
+    The prompts are split once (seeded) into held-out tuning prompts and test prompts.
+    1. Tuning on the held-out prompts under a privacy constraint: for each target epsilon per query,
+       the best setting whose worst-case epsilon does not exceed it (``private.tune``).
+    2. Accuracy versus n on the test prompts, every private method re-calibrated at each n to its
+       target, with 95% bootstrap intervals over prompts.
+    3. The privacy-utility curve at n = ``n_ref``; 4. ITP versus PrivITP across noise, with PrivITP's
+       sigma also chosen for accuracy alone on the held-out prompts (the paper's protocol), its
+       epsilon reported; 5. a stream of PrivITP queries under one budget, FSRC versus basic.
+    PrivITP spends ``delta`` per query (default 1e-5, well below 1 / the number of people).
     """
+    from . import private as P
+
     if pool is None:
         pool, pool_path = default_pool()
-    s = declared_reward(pool, settings or EvalSettings()).check()
+    s = replace(declared_reward(pool, settings or EvalSettings()), delta=delta).check()
     grouped = pool.grouped(s.reward)
-    steps = 7
-    step = 0
+    largest = int(np.diff(grouped.offsets).min())
+    n_grid = tuple(sorted({*(n for n in (*n_grid, n_ref) if n <= largest), largest}))
+    steps, step = 7, 0
 
     def tick(name):
         nonlocal step
@@ -133,58 +153,107 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
         if progress:
             progress(name, step, steps)
 
-    abl_sigma = X.ablation(grouped, s, "privbon", "sigma", sigma_grid, n_ref=n_ref)
-    tick("ablation sigma")
-    abl_beta_itp = X.ablation(grouped, s, "itp", "beta", beta_grid, n_ref=n_ref)
-    tick("ablation beta (itp)")
-    s_priv = replace(s, sigma=abl_sigma["chosen"], sigma_x=None, sigma_z=None)
-    abl_beta_priv = X.ablation(grouped, s_priv, "privitp", "beta", beta_grid, n_ref=n_ref)
-    tick("ablation beta (privitp)")
-
-    _, eval_prompts = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
-    test = grouped.subset(eval_prompts)
-    main = {}
-    for algo, beta in (("bon", s.beta), ("privbon", s.beta), ("itp", abl_beta_itp["chosen"]),
-                       ("privitp", abl_beta_priv["chosen"])):
-        main[algo] = evaluate(test, replace(s_priv, algorithms=(algo,), beta=beta))
-    result = _merge(main, s_priv)
-    tick("main curves")
-    sweep = X.noise_sweep(test, replace(s, beta=abl_beta_priv["chosen"]), sigmas=sigma_grid, n=n_ref)
-    tick("noise sweep")
-    mq = X.multi_query(grouped, s, sigmas=mq_sigmas, seeds=mq_seeds)
-    mq_summary = X.summarise_multi_query(mq)
-    tick("multi-query")
-    halting = {r["sigma"]: r["mean_halting_time"] for r in mq_summary if r["composition"] == "fsrc"}
-    budget = X.budget_table(sigmas=tuple(mq_sigmas), mean_halting=halting)
+    held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
+    held, test = grouped.subset(held_idx), grouped.subset(test_idx)
+    chosen, tune_rows = P.tune(held, s, targets, n_ref, beta_grid)
+    tick("tuning under privacy constraints")
+    curve_rows = P.curves(test, s, chosen, targets, n_grid)
+    tick("curves")
+    utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0])
+    tick("privacy-utility")
+    s_paper = replace(s, beta=chosen["itp"]["beta"])
+    abl_sigma = X.ablation(grouped, s_paper, "privitp", "sigma", sigma_grid, n_ref=n_ref)
+    sweep = X.noise_sweep(test, s_paper, sigmas=sigma_grid, n=n_ref)
+    tick("ITP vs PrivITP")
+    stream_rows = P.stream(grouped, s, chosen, targets[0], n_ref, stream_total, stream_delta_total, stream_seeds)
+    stream_summary = P.summarise_stream(stream_rows)
+    tick("FSRC stream")
+    headline = headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref)
+    tick("headline")
 
     with atomic_directory(out) as tmp:
-        _write_main(tmp, result)
-        for name, abl in (("ablation_sigma", abl_sigma), ("ablation_beta_itp", abl_beta_itp),
-                          ("ablation_beta_privitp", abl_beta_priv)):
-            write_csv(tmp / f"{name}.csv", abl["rows"])
-            figures.ablation(abl["rows"], abl["chosen"], tmp, name,
-                             f"{abl['algorithm']}: {abl['parameter']} (chosen {abl['chosen']:g})")
+        write_csv(tmp / "summary.csv", curve_rows)
+        write_json(tmp / "summary.json", curve_rows)
+        write_csv(tmp / "tuning.csv", tune_rows)
+        write_csv(tmp / "privacy_utility.csv", utility_rows)
+        write_csv(tmp / "ablation_sigma_privitp.csv", abl_sigma["rows"])
         write_csv(tmp / "noise_sweep.csv", sweep)
+        write_csv(tmp / "stream.csv", stream_rows)
+        write_csv(tmp / "stream_summary.csv", stream_summary)
+        write_json(tmp / "headline.json", headline)
+        replicates = f"{s.replicates} replicates per prompt"
+        main = [r for r in curve_rows if r["target_epsilon"] in (math.inf, targets[0])]
+        figures.curves_ci(main, tmp, "headline",
+                          f"Accuracy versus n at epsilon = {targets[0]:g} per query",
+                          f"{len(test_idx)} test prompts, {replicates}, 95% bootstrap intervals over prompts")
+        figures.curves_ci(curve_rows, tmp, "curves_all_targets",
+                          "Accuracy versus n, every target (dashed: epsilon > 1)",
+                          f"{len(test_idx)} test prompts, {replicates}, 95% bootstrap intervals over prompts")
+        figures.privacy_utility(utility_rows, tmp, n=n_ref, note=f"{len(test_idx)} test prompts, 95% bootstrap")
         figures.noise_sweep(sweep, tmp)
-        write_csv(tmp / "multi_query.csv", mq)
-        write_csv(tmp / "multi_query_summary.csv", mq_summary)
-        figures.fsrc_bars(mq_summary, tmp)
-        write_csv(tmp / "budget_table.csv", budget)
-        chosen = {"privbon_sigma": abl_sigma["chosen"], "itp_beta": abl_beta_itp["chosen"],
-                  "privitp_beta": abl_beta_priv["chosen"], "n_ref": n_ref,
-                  "heldout_prompts": abl_sigma["heldout_prompts"], "eval_prompts": abl_sigma["eval_prompts"]}
+        if stream_summary:
+            figures.stream_bars(stream_summary, tmp)
         write_json(tmp / "settings.json", _settings_record(
-            s, pool, pool_path, result, grouped.n_prompts, {"job": "reproduce", "chosen": chosen,
-                                         "grids": {"sigma": list(sigma_grid), "beta": list(beta_grid)},
-                                         "multi_query": {"sigmas": list(mq_sigmas), "seeds": mq_seeds, "n": 16,
-                                                         "beta": 0.05, "epsilon_total": 50.0, "delta": 1e-2}}))
+            s, pool, pool_path, None, grouped.n_prompts,
+            {"job": "reproduce", "targets": list(targets), "n_ref": n_ref, "n_grid": list(n_grid),
+             "heldout_prompts": len(held_idx), "test_prompts": len(test_idx),
+             "chosen": {str(k): v for k, v in chosen.items()}, "grids": {"beta": list(beta_grid),
+                                                                         "sigma": list(sigma_grid),
+                                                                         "phase1_fraction": list(P.PHASE1_FRACTIONS)},
+             "privitp_sigma_for_accuracy": abl_sigma["chosen"],
+             "stream": {"epsilon_total": stream_total, "delta_total": stream_delta_total, "seeds": stream_seeds,
+                        "n": n_ref}}))
         render(tmp)
         tick("report")
     return Path(out)
 
 
-def _merge(results: dict[str, EvalResult], s: EvalSettings) -> EvalResult:
-    algos = tuple(results)
-    first = results[algos[0]]
-    per_prompt = np.concatenate([results[a].per_prompt for a in algos], axis=0)
-    return EvalResult(replace(s, algorithms=algos), per_prompt, first.base, first.reward_range, first.prompt_ids)
+def _at(rows, method, n):
+    return next((r for r in rows if r["method"] == method and r["n"] == n), None)
+
+
+def headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref) -> dict:
+    """The issue's targets, measured on the test prompts, each with its figure and a verdict."""
+    from .private import LABELS
+
+    eps = targets[0]
+    bon, itp = _at(curve_rows, "BoN", n_ref), _at(curve_rows, "ITP", n_ref)
+    gum = _at(curve_rows, f"{LABELS['privbon']} eps={eps:g}", n_ref)
+    out = {"n_ref": n_ref, "target_epsilon": eps, "base_accuracy": bon["base_accuracy"] if bon else None}
+    if bon:
+        out["bon_lift"] = {"points": bon["lift"], "ci": [bon["lift_lo"], bon["lift_hi"]],
+                           "excludes_zero": bon["lift_lo"] > 0}
+    if bon and gum:
+        kept = gum["lift"] / bon["lift"] if bon["lift"] > 0 else math.nan
+        out["privbon_keeps"] = {"share": kept, "privbon_lift": gum["lift"], "bon_lift": bon["lift"],
+                                "met": bool(kept >= 0.5)}
+    priv = next((r for r in sweep if r["algorithm"] == "privitp" and r["sigma"] == abl_sigma["chosen"]), None)
+    itp_sweep = next((r for r in sweep if r["algorithm"] == "itp"), None)
+    if priv and itp_sweep:
+        gap = 100 * (itp_sweep["accuracy"] - priv["accuracy"])
+        out["privitp_vs_itp"] = {"sigma": abl_sigma["chosen"], "gap_points": gap, "epsilon": priv["epsilon"],
+                                 "met": bool(gap <= 2.0)}
+    itp_c = chosen.get(eps, {}).get("privitp")
+    priv_c = _at(curve_rows, f"{LABELS['privitp']} eps={eps:g}", n_ref)
+    if itp and priv_c:
+        out["privitp_at_target_vs_itp"] = {"gap_points": 100 * (itp["accuracy"] - priv_c["accuracy"]),
+                                           "beta": itp_c and itp_c["beta"]}
+    largest = max(r["n"] for r in curve_rows)
+    bon_l = _at(curve_rows, "BoN", largest)
+    best = None
+    for t in targets:
+        if t <= 2:
+            r = _at(curve_rows, f"{LABELS['privbon']} eps={t:g}", largest)
+            if r and (best is None or r["accuracy"] > best["accuracy"]):
+                best = r
+    if bon_l and best:
+        out["regularisation"] = {"n": largest, "bon": bon_l["accuracy"], "privbon": best["accuracy"],
+                                 "epsilon": best["target_epsilon"], "difference_points": 100 * (best["accuracy"] - bon_l["accuracy"]),
+                                 "met": bool(best["accuracy"] >= bon_l["accuracy"])}
+    fs = {r["composition"]: r for r in stream_summary}
+    if "fsrc" in fs and "basic" in fs and fs["basic"]["queries_mean"] > 0:
+        out["fsrc"] = {"fsrc_queries": fs["fsrc"]["queries_mean"], "basic_queries": fs["basic"]["queries_mean"],
+                       "ratio": fs["fsrc"]["queries_mean"] / fs["basic"]["queries_mean"],
+                       "met": bool(fs["fsrc"]["queries_mean"] > fs["basic"]["queries_mean"])}
+    out["edges"] = {str(k): v for k, v in chosen.items()}
+    return out

@@ -56,25 +56,6 @@ def curves(summary: list[dict], out: Path, metrics, name: str, title: str) -> li
     return _save(fig, out, name)
 
 
-def ablation(rows: list[dict], chosen: float, out: Path, name: str, title: str) -> list[str]:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
-    for split, style in (("heldout", "o--"), ("eval", "s-")):
-        rs = sorted((r for r in rows if r["split"] == split), key=lambda r: r["value"])
-        v = np.array([r["value"] for r in rs])
-        y = np.array([r["lift"] for r in rs])
-        se = np.array([r["lift_se"] for r in rs])
-        ax.errorbar(v, y, yerr=se, fmt=style, ms=4, capsize=2, label=f"{split} prompts")
-    ax.axvline(chosen, color="k", lw=0.8, ls=":", label=f"chosen = {chosen:g}")
-    ax.set_xscale("log")
-    ax.set_xlabel(rows[0]["parameter"] if rows else "")
-    ax.set_ylabel(f"accuracy lift (points) at n = {rows[0]['n'] if rows else ''}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title)
-    return _save(fig, out, name)
-
-
 def noise_sweep(rows: list[dict], out: Path, name: str = "itp_vs_privitp") -> list[str]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
@@ -97,21 +78,78 @@ def noise_sweep(rows: list[dict], out: Path, name: str = "itp_vs_privitp") -> li
     return _save(fig, out, name)
 
 
-def fsrc_bars(summary: list[dict], out: Path, name: str = "fsrc_queries") -> list[str]:
+def _style(row) -> dict:
+    eps = row.get("target_epsilon")
+    dashed = eps not in (None, "", float("inf")) and isinstance(eps, (int, float)) and eps > 1.0
+    return {"color": COLORS.get(row["algorithm"]), "ls": "--" if dashed else "-"}
+
+
+def curves_ci(rows: list[dict], out: Path, name: str, title: str, caption_n: str = "") -> list[str]:
+    """Accuracy versus n per method with 95% bootstrap bands (the headline figure)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    sigmas = sorted({r["sigma"] for r in summary})
-    width = 0.38
-    x = np.arange(len(sigmas))
-    for i, (comp, color) in enumerate((("fsrc", "#9467bd"), ("basic", "#7f7f7f"))):
-        q = [next(r for r in summary if r["sigma"] == s and r["composition"] == comp) for s in sigmas]
-        ax.bar(x + (i - 0.5) * width, [r["queries_mean"] for r in q], width,
-               yerr=[r["queries_se"] for r in q], capsize=2, color=color,
-               label="FSRC (ex-post)" if comp == "fsrc" else "basic composition")
-    ax.set_xticks(x, [f"{s:g}" for s in sigmas])
-    ax.set_xlabel("sigma (sigma_X = sigma_Z = sigma / 2)")
-    ax.set_ylabel("queries answered")
-    ax.legend(fontsize=8)
+    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
+        n = np.array([r["n"] for r in rs], float)
+        y = np.array([r["accuracy"] for r in rs], float)
+        lo = np.array([r["accuracy_lo"] for r in rs], float)
+        hi = np.array([r["accuracy_hi"] for r in rs], float)
+        st = _style(rs[0])
+        ax.plot(n, y, marker="o", ms=3, label=method, **st)
+        ax.fill_between(n, lo, hi, color=st["color"], alpha=0.12, lw=0)
+    if rows:
+        ax.axhline(rows[0]["base_accuracy"], color="k", lw=0.8, ls=":", label="base policy (n = 1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n (candidates)")
+    ax.set_ylabel("accuracy on held-out test prompts")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=10)
+    if caption_n:
+        fig.text(0.01, -0.02, caption_n, fontsize=7, ha="left", va="top")
+    return _save(fig, out, name)
+
+
+def privacy_utility(rows: list[dict], out: Path, name: str = "privacy_utility", n: int = 16,
+                    note: str = "") -> list[str]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for algo in ("privbon", "privbon-gaussian", "privitp"):
+        rs = sorted((r for r in rows if r["algorithm"] == algo), key=lambda r: r["target_epsilon"])
+        if not rs:
+            continue
+        e = np.array([r["target_epsilon"] for r in rs], float)
+        ax.plot(e, [r["accuracy"] for r in rs], marker="o", ms=3, color=COLORS[algo], label=LABELS[algo])
+        ax.fill_between(e, [r["accuracy_lo"] for r in rs], [r["accuracy_hi"] for r in rs], color=COLORS[algo],
+                        alpha=0.12, lw=0)
+    for algo, ls in (("bon", "--"), ("itp", "-.")):
+        r = next((r for r in rows if r["algorithm"] == algo), None)
+        if r:
+            ax.axhline(r["accuracy"], color=COLORS[algo], ls=ls, lw=1, label=f"{LABELS[algo]} (not private)")
+    if rows:
+        ax.axhline(rows[0]["base_accuracy"], color="k", lw=0.8, ls=":", label="base policy")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon per query (worst case)")
+    ax.set_ylabel(f"accuracy at n = {n}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Privacy-utility trade-off" + (f" ({note})" if note else ""), fontsize=10)
+    return _save(fig, out, name)
+
+
+def stream_bars(summary: list[dict], out: Path, name: str = "fsrc_stream") -> list[str]:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.6, 3.6))
+    comps = [r["composition"] for r in summary]
+    ax.bar(range(len(comps)), [r["queries_mean"] for r in summary],
+           yerr=[[r["queries_mean"] - r["queries_min"] for r in summary],
+                 [r["queries_max"] - r["queries_mean"] for r in summary]],
+           capsize=3, color=["#9467bd" if c == "fsrc" else "#7f7f7f" for c in comps])
+    ax.set_xticks(range(len(comps)), ["FSRC (ex-post)" if c == "fsrc" else "basic composition" for c in comps])
+    ax.set_ylabel("PrivITP queries answered")
+    if summary:
+        s = summary[0]
+        ax.set_title(f"One budget (epsilon {s['epsilon_total']:g}, delta {s['delta_total']:g}),\n"
+                     f"queries at worst case epsilon {s['epsilon_max']:.3g}", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
-    ax.set_title("PrivITP queries under one budget")
     return _save(fig, out, name)

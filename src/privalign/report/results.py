@@ -39,7 +39,7 @@ def _clean(v):
 
 
 def write_csv(path: Path, rows: list[dict], columns=None) -> None:
-    columns = list(columns or (rows[0].keys() if rows else []))
+    columns = list(columns or dict.fromkeys(k for r in rows for k in r))
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         w.writeheader()

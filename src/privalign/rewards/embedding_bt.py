@@ -14,7 +14,11 @@ Certificate (replacement adjacency: one person's k pairs replaced by any other k
 * Hence for every input, |r_D(x, y) - r_D'(x, y)| <= ||w_hat_D - w_hat_D'|| * ||phi||
   <= 4k / (m lambda) + 2 g_tol / lambda  =: Delta_r.
 The declared output range does not depend on the data: F(w*) <= F(0) = log 2 gives
-||w*|| <= sqrt(2 log 2 / lambda), so |r| <= sqrt(2 log 2 / lambda) + g_tol / lambda.
+||w*|| <= sqrt(2 log 2 / lambda); and with L the unregularised loss, grad L(w*) = -lambda w* and
+convexity give lambda ||w*||^2 <= -<grad L(0), w*> <= ||grad L(0)|| ||w*||, where
+||grad L(0)|| = ||(1/2m) sum_i d_i|| <= 1, so ||w*|| <= 1 / lambda. Hence
+|r| <= min(sqrt(2 log 2 / lambda), 1 / lambda) + g_tol / lambda (the second bound is the tighter one
+for lambda > 1 / (2 log 2)).
 """
 
 from __future__ import annotations
@@ -91,15 +95,28 @@ def fit_bt(d: np.ndarray, lam: float, g_tol: float = 1e-9) -> tuple[np.ndarray, 
     raise RuntimeError(f"the solver did not reach ||grad|| <= {g_tol}")
 
 
-class EmbeddingBTReward(RewardModel):
+class CertifiedBT(RewardModel):
+    """A Bradley-Terry head r = w . phi with ||phi|| <= 1, trained by ``fit_bt``: its declared output
+    range and certified sensitivity (module docstring) follow from (lambda, m, k, g_tol) alone."""
+
+    def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float):
+        self.w, self.lam, self.m, self.k, self.g_tol = np.asarray(w, float), lam, m, pairs_per_person, g_tol
+        self.output_range = bt_output_range(lam, g_tol)
+        self.sensitivity = certified_sensitivity(m, lam, pairs_per_person, g_tol)
+
+    def certificate(self) -> dict:
+        lo, hi = self.output_range
+        return {"lambda": self.lam, "m": self.m, "pairs_per_person": self.k, "g_tol": self.g_tol,
+                "sensitivity": self.sensitivity, "output_range": [lo, hi],
+                "sensitivity_share_of_range": self.sensitivity / (hi - lo)}
+
+
+class EmbeddingBTReward(CertifiedBT):
     def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
                  embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None):
-        self.w, self.lam, self.m, self.k, self.g_tol = np.asarray(w, float), lam, m, pairs_per_person, g_tol
+        super().__init__(w, lam, m, pairs_per_person, g_tol)
         self.embedder = embedder or Embedder()
         self.name, self.meta = name, meta or {}
-        bound = math.sqrt(2 * math.log(2) / lam) + g_tol / lam
-        self.output_range = (-bound, bound)
-        self.sensitivity = certified_sensitivity(m, lam, pairs_per_person, g_tol)
 
     @classmethod
     def train(cls, prompts, chosen, rejected, *, lam: float = 1e-2, pairs_per_person: int = 1, g_tol: float = 1e-9,
@@ -137,6 +154,13 @@ class EmbeddingBTReward(RewardModel):
             raise ValueError(f"{path} is not a minilm-bt reward model")
         return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
                    embedder, body.get("name", "minilm-bt"), body.get("meta"))
+
+
+def bt_output_range(lam: float, g_tol: float = 0.0) -> tuple[float, float]:
+    """The data-independent output range: |r| <= ||w_hat|| <= min(sqrt(2 log 2 / lambda), 1 / lambda)
+    + g_tol / lambda (module docstring)."""
+    bound = min(math.sqrt(2 * math.log(2) / lam), 1.0 / lam) + g_tol / lam
+    return -bound, bound
 
 
 def certified_sensitivity(m: int, lam: float, pairs_per_person: int = 1, g_tol: float = 0.0) -> float:

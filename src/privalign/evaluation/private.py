@@ -1,0 +1,259 @@
+"""Experiments at a fixed privacy level: every private method is tuned and run under a constraint on
+its worst-case epsilon per query.
+
+* ``calibrate``: the noise a method needs for ``epsilon`` per query at n candidates (Gumbel and
+  Gaussian PrivBoN have no free parameter: their noise follows from epsilon; PrivITP splits its
+  worst case between the phases by ``phase1_fraction`` and needs beta).
+* ``tune``: for each target epsilon, the best setting on held-out prompts among those whose worst
+  case does not exceed it (PrivITP: beta x phase-1 fraction; ITP: beta, no privacy); a value on
+  the edge of its grid is flagged.
+* ``curves``: accuracy versus n on the evaluation prompts, re-calibrated at every n (the worst case
+  of Gaussian PrivBoN and PrivITP grows with n), with 95% bootstrap intervals over prompts.
+* ``privacy_utility``: accuracy at one n against epsilon per query.
+* ``stream``: a stream of PrivITP queries under one total budget, FSRC versus basic composition.
+
+Scores are in units of the declared reward range (mapped to [0, 1]); ``sensitivity`` is the
+certified Delta_r in those units.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from .. import accounting as A
+from ..mechanisms import privitp as privitp_mechanism
+from ..pools import GroupedPool
+from .harness import EvalSettings, evaluate, prepare
+
+PRIVATE = ("privbon", "privbon-gaussian", "privitp")
+LABELS = {"bon": "BoN", "itp": "ITP", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",
+          "privitp": "PrivITP"}
+PHASE1_FRACTIONS = (0.25, 0.5, 0.75)
+
+
+def sensitivity_of(s: EvalSettings) -> float:
+    return 1.0 if s.sensitivity is None else s.sensitivity
+
+
+@functools.lru_cache(maxsize=4096)
+def _privitp_scales(eps: float, delta: float, n: int, beta: float, sens: float, fraction: float):
+    return A.privitp_noise_scales(eps, delta, n, beta, sens, 1.0, phase1_fraction=fraction)
+
+
+def calibrate(base: EvalSettings, algo: str, epsilon: float, n: int, beta: float | None = None,
+              phase1_fraction: float = 0.5) -> EvalSettings:
+    """Settings that run ``algo`` at ``epsilon`` per query (its worst case) with n candidates."""
+    sens = sensitivity_of(base)
+    s = replace(base, algorithms=(algo,), n_grid=(int(n),))
+    if algo == "privbon":
+        return replace(s, sigma=A.gumbel_noise_scale(epsilon, sens))
+    if algo == "privbon-gaussian":
+        sigma = A.gaussian_rnm_noise_scale(epsilon, sens, 1.0, int(n)) if n > 1 else 1.0
+        return replace(s, sigma=max(sigma, 1e-300))
+    if algo == "privitp":
+        b = base.beta if beta is None else beta
+        sx, sz = _privitp_scales(float(epsilon), base.delta, int(n), float(b), sens, float(phase1_fraction))
+        return replace(s, beta=b, sigma=sx + sz, sigma_x=sx, sigma_z=sz)
+    raise ValueError(f"algo must be one of {PRIVATE}, got {algo!r}")
+
+
+def worst_case_epsilon(s: EvalSettings, algo: str, n: int) -> float:
+    """The worst-case epsilon per query of ``algo`` under settings ``s`` at n candidates."""
+    sens = sensitivity_of(s)
+    if algo == "privbon":
+        return A.gumbel_epsilon(s.sigma, sens)
+    if algo == "privbon-gaussian":
+        return A.gaussian_rnm_epsilon(s.sigma, sens, 1.0, n) if n > 1 else 0.0
+    if algo == "privitp":
+        return A.privitp_epsilon_max(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0)
+    return math.inf
+
+
+def _accuracy(pool: GroupedPool, s: EvalSettings) -> tuple[float, np.ndarray, np.ndarray]:
+    """(mean accuracy, per-prompt accuracy, per-prompt base accuracy) of a one-algorithm, one-n run."""
+    r = evaluate(pool, s)
+    per = r.per_prompt[0, 0, :, 0]
+    return float(per.mean()), per, r.base[:, 0]
+
+
+def _edge(value, grid) -> bool:
+    return len(grid) > 1 and value in (min(grid), max(grid))
+
+
+def tune(held: GroupedPool, base: EvalSettings, targets, n_ref: int = 16, beta_grid=None,
+         fractions=PHASE1_FRACTIONS) -> tuple[dict, list[dict]]:
+    """Choose settings on the held-out prompts; returns ({"itp": {...}, target: {algo: {...}}}, rows)."""
+    from .experiments import BETA_GRID
+
+    beta_grid = tuple(beta_grid or BETA_GRID)
+    rows, chosen = [], {}
+    itp_best = None
+    for beta in beta_grid:
+        acc = _accuracy(held, replace(base, algorithms=("itp",), n_grid=(n_ref,), beta=beta))[0]
+        rows.append({"target_epsilon": math.inf, "algorithm": "itp", "beta": beta, "phase1_fraction": None,
+                     "sigma": 0.0, "worst_case_epsilon": math.inf, "heldout_accuracy": acc})
+        if itp_best is None or acc > itp_best[0]:
+            itp_best = (acc, beta)
+    chosen["itp"] = {"beta": itp_best[1], "heldout_accuracy": itp_best[0], "edge": _edge(itp_best[1], beta_grid)}
+    for eps in targets:
+        per = {}
+        for algo in ("privbon", "privbon-gaussian"):
+            s = calibrate(base, algo, eps, n_ref)
+            acc = _accuracy(held, s)[0]
+            rows.append({"target_epsilon": eps, "algorithm": algo, "beta": None, "phase1_fraction": None,
+                         "sigma": s.sigma, "worst_case_epsilon": worst_case_epsilon(s, algo, n_ref),
+                         "heldout_accuracy": acc})
+            per[algo] = {"heldout_accuracy": acc, "sigma": s.sigma, "edge": False}
+        best = None
+        for beta in beta_grid:
+            for frac in fractions:
+                try:
+                    s = calibrate(base, "privitp", eps, n_ref, beta, frac)
+                except ValueError:
+                    continue  # this split cannot reach eps (phase 1 alone would exceed it)
+                acc = _accuracy(held, s)[0]
+                rows.append({"target_epsilon": eps, "algorithm": "privitp", "beta": beta, "phase1_fraction": frac,
+                             "sigma": s.sx + s.sz, "sigma_x": s.sx, "sigma_z": s.sz,
+                             "worst_case_epsilon": worst_case_epsilon(s, "privitp", n_ref), "heldout_accuracy": acc})
+                if best is None or acc > best[0]:
+                    best = (acc, beta, frac, s)
+        if best is not None:
+            acc, beta, frac, s = best
+            per["privitp"] = {"heldout_accuracy": acc, "beta": beta, "phase1_fraction": frac, "sigma_x": s.sx,
+                              "sigma_z": s.sz, "edge": _edge(beta, beta_grid) or _edge(frac, fractions),
+                              "edge_parameters": [p for p, v, g in (("beta", beta, beta_grid),
+                                                                     ("phase1_fraction", frac, fractions))
+                                                  if _edge(v, g)]}
+        chosen[eps] = per
+    return chosen, rows
+
+
+def bootstrap_ci(values: np.ndarray, reps: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over prompts."""
+    v = np.asarray(values, float)
+    if v.size < 2:
+        return float(v.mean()), float(v.mean())
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, (reps, v.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def _row(label, algo, eps, n, per, base_acc, s, seed):
+    lift = 100.0 * (per - base_acc)
+    lo, hi = bootstrap_ci(per, seed=seed)
+    llo, lhi = bootstrap_ci(lift, seed=seed)
+    return {"method": label, "algorithm": algo, "target_epsilon": eps, "n": int(n), "accuracy": float(per.mean()),
+            "accuracy_lo": lo, "accuracy_hi": hi, "lift": float(lift.mean()), "lift_lo": llo, "lift_hi": lhi,
+            "base_accuracy": float(base_acc.mean()), "prompts": int(per.size),
+            "worst_case_epsilon": worst_case_epsilon(s, algo, n) if algo in PRIVATE else math.inf,
+            "sigma": s.sigma if algo in ("privbon", "privbon-gaussian") else (s.sx + s.sz if algo == "privitp" else 0.0),
+            "beta": s.beta if algo in ("itp", "privitp") else None}
+
+
+def method_settings(base: EvalSettings, algo: str, eps: float | None, n: int, chosen: dict) -> EvalSettings:
+    if algo == "bon":
+        return replace(base, algorithms=("bon",), n_grid=(n,))
+    if algo == "itp":
+        return replace(base, algorithms=("itp",), n_grid=(n,), beta=chosen["itp"]["beta"])
+    if algo == "privitp":
+        c = chosen[eps]["privitp"]
+        return calibrate(base, algo, eps, n, c["beta"], c["phase1_fraction"])
+    return calibrate(base, algo, eps, n)
+
+
+def curves(test: GroupedPool, base: EvalSettings, chosen: dict, targets, n_grid) -> list[dict]:
+    """Accuracy and lift versus n on the evaluation prompts, with 95% bootstrap intervals."""
+    rows = []
+    for n in n_grid:
+        for algo in ("bon", "itp"):
+            s = method_settings(base, algo, None, n, chosen)
+            _, per, b = _accuracy(test, s)
+            rows.append(_row(LABELS[algo], algo, math.inf, n, per, b, s, base.seed))
+        for eps in targets:
+            for algo in PRIVATE:
+                if algo not in chosen.get(eps, {}):
+                    continue
+                s = method_settings(base, algo, eps, n, chosen)
+                _, per, b = _accuracy(test, s)
+                rows.append(_row(f"{LABELS[algo]} eps={eps:g}", algo, eps, n, per, b, s, base.seed))
+    return rows
+
+
+def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilons, n: int = 16,
+                    tuned_at: float = 1.0) -> list[dict]:
+    """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``."""
+    rows = []
+    for algo in ("bon", "itp"):
+        s = method_settings(base, algo, None, n, chosen)
+        _, per, b = _accuracy(test, s)
+        rows.append(_row(LABELS[algo], algo, math.inf, n, per, b, s, base.seed))
+    c = chosen.get(tuned_at, {}).get("privitp")
+    for eps in epsilons:
+        for algo in PRIVATE:
+            try:
+                if algo == "privitp":
+                    if c is None:
+                        continue
+                    s = calibrate(base, algo, eps, n, c["beta"], c["phase1_fraction"])
+                else:
+                    s = calibrate(base, algo, eps, n)
+            except ValueError:
+                continue
+            _, per, b = _accuracy(test, s)
+            rows.append(_row(LABELS[algo], algo, eps, n, per, b, s, base.seed))
+    return rows
+
+
+def stream(pool: GroupedPool, base: EvalSettings, chosen: dict, epsilon_max: float = 1.0, n: int = 16,
+           epsilon_total: float = 20.0, delta_total: float = 1e-3, seeds: int = 10) -> list[dict]:
+    """A stream of real PrivITP queries (each at worst case ``epsilon_max``, the setting tuned for it)
+    under one total budget: how many are answered under FSRC and under basic composition."""
+    c = chosen.get(epsilon_max, {}).get("privitp")
+    if c is None:
+        return []
+    s = calibrate(base, "privitp", epsilon_max, n, c["beta"], c["phase1_fraction"])
+    sens = sensitivity_of(base)
+    eps_max = worst_case_epsilon(s, "privitp", n)
+    prep = prepare(pool, base)
+    rows = []
+    for comp in A.COMPOSITIONS:
+        for seed in range(seeds):
+            rng = np.random.default_rng([base.seed, seed])
+            order = rng.permutation(pool.n_prompts)
+            f = A.PrivacyFilter(epsilon_total, delta_total, comp)
+            spent_each, halting = [], []
+            while f.queries < 100_000:
+                try:
+                    res = f.reserve(eps_max, s.delta)
+                except A.BudgetExceededError:
+                    break
+                x, _ = prep.prompt(int(order[f.queries % order.size]))
+                b1, b2 = x[rng.integers(0, x.size, n)], x[rng.integers(0, x.size, n)]
+                sel = privitp_mechanism(b1, b2, beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
+                                        sensitivity=sens, reward_range=(0.0, 1.0), rng=rng)
+                spent_each.append(f.settle(res, sel.epsilon))
+                halting.append(sel.halting_time)
+            rows.append({"composition": comp, "seed": seed, "queries": f.queries, "epsilon_max": eps_max,
+                         "delta_per_query": s.delta, "epsilon_total": epsilon_total, "delta_total": delta_total,
+                         "epsilon_spent": f.spent.epsilon, "mean_charge": float(np.mean(spent_each)) if spent_each else math.nan,
+                         "mean_halting_time": float(np.mean(halting)) if halting else math.nan})
+    return rows
+
+
+def summarise_stream(rows: list[dict]) -> list[dict]:
+    out = []
+    for comp in A.COMPOSITIONS:
+        q = np.array([r["queries"] for r in rows if r["composition"] == comp], float)
+        if q.size:
+            first = next(r for r in rows if r["composition"] == comp)
+            out.append({"composition": comp, "queries_mean": float(q.mean()), "queries_min": float(q.min()),
+                        "queries_max": float(q.max()), "seeds": int(q.size), "epsilon_max": first["epsilon_max"],
+                        "delta_per_query": first["delta_per_query"], "epsilon_total": first["epsilon_total"],
+                        "delta_total": first["delta_total"],
+                        "mean_charge": float(np.nanmean([r["mean_charge"] for r in rows if r["composition"] == comp]))})
+    return out
