@@ -14,18 +14,13 @@ from privalign.tasks import TASKS, get_task
 pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from privalign.backends.transformers_backend import TransformersGenerator
-
-    return TransformersGenerator("smollm2")
-
-
 # ------------------------------------------------------------------ tasks and graders
 @pytest.mark.parametrize("name,split", [("gsm8k", "test"), ("gsm8k", "train"), ("math500", "test"),
                                         ("mmlu:college_mathematics", "test"), ("mmlu:college_chemistry", "test"),
                                         ("mmlu:elementary_mathematics", "test"), ("arithmetic", "test"),
-                                        ("arithmetic", "train"), ("addition", "test"), ("addition", "train")])
+                                        ("arithmetic", "train"), ("addition", "test"), ("addition", "train"),
+                                        ("arithmetic-mix", "test"), ("arithmetic-mix", "train"),
+                                        ("mmlu-letters", "test"), ("mmlu-letters", "train")])
 def test_grading_the_datasets_own_references_scores_100_percent(name, split):
     task = get_task(name)
     problems = task.load(split)
@@ -47,7 +42,9 @@ def test_graders_are_strict():
     m = mmlu.load("test", 1)[0]
     assert mmlu.grade(f"Answer: {m.reference}", m) == 1.0
     assert mmlu.grade("Answer: " + next(c for c in "ABCD" if c != m.reference), m) == 0.0
-    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic", "addition"}
+    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic", "addition", "arithmetic-mix", "mmlu-letters"}
+    letters = get_task("mmlu-letters").load("test", 1)[0]
+    assert get_task("mmlu-letters").grade(f" {letters.reference}", letters) == 1.0
 
 
 # ------------------------------------------------------------------ the embedded generator

@@ -4,7 +4,9 @@ Raw features of a response y to a chat prompt x, read off the policy (the transf
 records them while sampling, ``generate --features``, or recomputes them by teacher forcing):
 ``raw = [h_last, h_mean, lp]``, with h_last the final hidden state at the response's closing EOS,
 h_mean the mean of the final hidden states over the response tokens (EOS included) and lp the mean
-token log-probability.
+token log-probability (of the sampled tokens: a response cut at ``max_new_tokens`` gets the closing
+EOS's hidden state but, having sampled none, no EOS log-probability; recomputing from its text
+includes one).
 
 Feature map (fixed before training; its constants come from calibration prompts that contribute no
 preference pair):
@@ -71,8 +73,11 @@ class FeatureMap:
         if raw.shape[1] != 2 * self.hidden + 1:
             raise ValueError(f"raw features must have {2 * self.hidden + 1} columns, got {raw.shape[1]}")
         h = raw[:, self.hidden:2 * self.hidden]
+        if not np.isfinite(h).all():
+            raise ValueError("raw policy features must be finite (the model produced NaN or infinite hidden states)")
         z = ((h - self.mu) @ self.components.T) / self.scales / math.sqrt(self.components.shape[0])
-        z /= np.maximum(1.0, np.linalg.norm(z, axis=1, keepdims=True))
+        norm = np.linalg.norm(z, axis=1, keepdims=True)
+        z = np.where(np.isfinite(norm), z / np.maximum(1.0, norm), 0.0)  # overflowed rows: the origin
         lp = np.clip(np.nan_to_num(raw[:, -1], nan=-self.lp_clip), -self.lp_clip, 0.0) / self.lp_clip
         return np.concatenate([math.sqrt(1 - self.c ** 2) * z, self.c * lp[:, None]], axis=1)
 

@@ -1,0 +1,134 @@
+"""policy-bt: the policy's own features (real SmolLM2), the feature map's norm bound, training with
+validation-chosen lambda, the certificate under adversarial replacement, and the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from privalign.cli import app
+from privalign.pipeline import features_path, generate_pool, pool_features, save_features, score_pool
+from privalign.pools import Pool, load_pool
+from privalign.rewards import load_reward
+from privalign.rewards.policy_bt import (
+    FeatureMap,
+    PolicyBTReward,
+    check_sensitivity,
+    heldout_auc,
+    preference_rows,
+    train_policy_bt,
+)
+from privalign.tasks import get_task
+
+H = 16  # hidden size of the synthetic features
+
+
+def synthetic_pool(prompts=60, samples=24, seed=0):
+    """Raw features [h_last, h_mean, lp] where correct answers sit higher along one hidden direction."""
+    rng = np.random.default_rng(seed)
+    pid = np.repeat([f"p{i}" for i in range(prompts)], samples)
+    acc = rng.uniform(0.1, 0.6, prompts).repeat(samples)
+    y = (rng.random(pid.size) < acc).astype(float)
+    h = rng.standard_normal((pid.size, H)) * 3.0 + 10.0
+    h[:, 0] += 4.0 * y
+    lp = -rng.gamma(2.0, 0.5, pid.size) + 0.3 * y
+    raw = np.concatenate([h, h, lp[:, None]], axis=1).astype(np.float32)
+    return pid, y, raw
+
+
+def test_feature_map_has_norm_at_most_one_for_any_input():
+    pid, y, raw = synthetic_pool()
+    fmap = FeatureMap.fit(raw, q=8)
+    rng = np.random.default_rng(1)
+    wild = np.concatenate([raw, rng.standard_normal((500, raw.shape[1])) * 1e6,
+                           rng.standard_normal((5, raw.shape[1])) * 1e300])
+    with pytest.raises(ValueError, match="finite"):
+        fmap(np.full((1, raw.shape[1]), np.nan))
+    phi = fmap(wild)
+    assert phi.shape == (wild.shape[0], 9) and np.isfinite(phi).all()
+    assert np.all(np.linalg.norm(phi, axis=1) <= 1 + 1e-12)
+
+
+def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds():
+    pid, y, raw = synthetic_pool()
+    model, grid = train_policy_bt(raw, pid, y, lambdas=(0.01, 0.1, 1.0), components=(4, 8), seed=0)
+    assert len(grid) == 6 and model.lam in (0.01, 0.1, 1.0)
+    assert model.meta["val_auc"] > 0.6  # the planted signal is found on prompts it was not trained on
+    assert model.sensitivity == pytest.approx(4 * model.k / (model.m * model.lam) + 2 * model.g_tol / model.lam)
+    lo, hi = model.output_range
+    assert hi == pytest.approx(min(np.sqrt(2 * np.log(2) / model.lam), 1 / model.lam) + model.g_tol / model.lam)
+    scores = model.score_features(raw)
+    assert np.all((scores >= lo) & (scores <= hi))
+    rows = check_sensitivity(model, raw, pid, y, trials=21, seed=3)
+    assert {r["adversary"] for r in rows} == {"flipped", "extreme-norm", "duplicated"}
+    assert max(r["weight_change"] for r in rows) <= model.sensitivity
+    assert max(r["max_score_change"] for r in rows) <= model.sensitivity
+    assert max(r["weight_change"] for r in rows) > 0.05 * model.sensitivity  # the attack has teeth
+
+
+def test_preference_pairs_are_within_prompt_and_correct_over_incorrect():
+    pid, y, _ = synthetic_pool(prompts=10)
+    ci, ri = preference_rows(pid, y, {f"p{i}" for i in range(5)}, pairs_per_prompt=7)
+    assert np.all(pid[ci] == pid[ri]) and np.all(y[ci] == 1) and np.all(y[ri] == 0)
+    assert len(set(zip(ci.tolist(), ri.tolist()))) == ci.size  # distinct pairs
+    assert heldout_auc(np.array([0.0, 1.0, 2.0]), np.array([0, 1, 1]), np.array(["a", "a", "a"])) == 1.0
+
+
+def test_cli_train_and_check_sensitivity(tmp_path):
+    pid, y, raw = synthetic_pool()
+    path = tmp_path / "train.parquet"
+    Pool({"prompt_id": pid.astype(object), "sample_id": np.tile(np.arange(24), 60), "true_reward": y,
+          "reward:logprob": raw[:, -1].astype(float)}, {"task": "arithmetic-mix"}).save(path)
+    save_features(features_path(path), raw, pid, np.tile(np.arange(24), 60))
+    runner = CliRunner()
+    res = runner.invoke(app, ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--pool", str(path),
+                              "--lam", "0.03,0.3", "--components", "4", "--out", str(tmp_path / "rm.json")])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    for word in ("m = ", "k = 1", "lambda = ", "Delta_r = ", "held-out AUC", "log-probability alone"):
+        assert word in out
+    body = json.loads((tmp_path / "rm.json").read_text())
+    assert body["kind"] == "policy-bt" and body["task"] == "arithmetic-mix"
+    res = runner.invoke(app, ["rm", "check-sensitivity", str(tmp_path / "rm.json"), "--pool", str(path),
+                              "--trials", "20"])
+    assert res.exit_code == 0, res.output
+    assert "certified Delta_r" in res.output
+    res = runner.invoke(app, ["rm", "train", "--features", "policy", "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "--pool" in res.output
+
+
+def test_real_policy_features_match_between_sampling_and_teacher_forcing(tmp_path, smollm2):
+    """The real model: features recorded while sampling equal the teacher-forced ones, a pool keeps
+    them row-aligned, and scoring from recorded features equals scoring from text."""
+    task = get_task("arithmetic-mix")
+    problems = task.load("test", 2)
+    pool = generate_pool(task, problems, smollm2, tmp_path / "p.parquet", samples=5, max_new_tokens=6, seed=1,
+                         shard_size=1, features=True)
+    raw = pool_features(pool, tmp_path / "p.parquet")
+    assert raw.shape == (10, 2 * 576 + 1) and pool.metadata["policy_features"] == "p.parquet.features.npz"
+    msgs = task.messages(problems[0])
+    again = smollm2.featurize(msgs, [str(r) for r in pool.columns["response"][:5]])
+    first = pool.columns["n_tokens"][:5] < 6  # closed by a sampled EOS (see below)
+    assert np.allclose(raw[:5][first], again[first], atol=1e-3)
+
+    fmap = FeatureMap.fit(raw, q=4)
+    rng = np.random.default_rng(0)
+    model = PolicyBTReward(rng.standard_normal(fmap.dim) * 0.1, 0.5, 100, 1, 1e-9, fmap, task="arithmetic-mix")
+    model._generator = smollm2
+    model.save(tmp_path / "rm.json")
+    loaded = load_reward(f"policy-bt:{tmp_path / 'rm.json'}")
+    loaded._generator = smollm2
+    from_text = loaded.score([str(p) for p in pool.columns["prompt"]], [str(r) for r in pool.columns["response"]])
+    # a sample cut at max_new_tokens was not closed by a sampled EOS: its recorded log-probability
+    # excludes the EOS that teacher forcing appends (the hidden states agree either way)
+    ended = pool.columns["n_tokens"] < 6
+    assert ended.sum() >= 5
+    assert np.allclose(from_text[ended], model.score_features(raw)[ended], atol=1e-4)
+    assert np.allclose(smollm2.featurize(msgs, [str(r) for r in pool.columns["response"][:5]])[:, :-1], raw[:5, :-1],
+                       atol=1e-3)
+    score_pool(tmp_path / "p.parquet", [loaded])  # uses the recorded features
+    scored = load_pool(tmp_path / "p.parquet")
+    assert np.allclose(scored.columns["reward:policy-bt"], model.score_features(raw))
+    assert scored.metadata["default_reward"] == "policy-bt"
+    assert scored.metadata["reward_model_info"]["policy-bt"]["certificate"]["m"] == 100
