@@ -52,7 +52,8 @@ def test_feature_map_has_norm_at_most_one_for_any_input():
 
 def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds():
     pid, y, raw = synthetic_pool()
-    model, grid = train_policy_bt(raw, pid, y, lambdas=(0.01, 0.1, 1.0), components=(4, 8), seed=0)
+    model, grid = train_policy_bt(raw, pid, y, lambdas=(0.01, 0.1, 1.0), components=(4, 8), seed=0,
+                                  range_epsilon=0.0)
     assert len(grid) == 6 and model.lam in (0.01, 0.1, 1.0)
     assert model.meta["val_auc"] > 0.6  # the planted signal is found on prompts it was not trained on
     assert model.sensitivity == pytest.approx(4 * model.k / (model.m * model.lam) + 2 * model.g_tol / model.lam)
@@ -65,6 +66,20 @@ def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds
     assert max(r["weight_change"] for r in rows) <= model.sensitivity
     assert max(r["max_score_change"] for r in rows) <= model.sensitivity
     assert max(r["weight_change"] for r in rows) > 0.05 * model.sensitivity  # the attack has teeth
+
+
+def test_private_range_release_is_tight_and_keeps_the_certificate():
+    pid, y, raw = synthetic_pool()
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(1.0,), components=(4,), seed=0, range_epsilon=0.0)
+    wide = model.output_range
+    norm = float(np.linalg.norm(model.w))
+    draws = [model.release_range(0.5, np.random.default_rng(s))[1] for s in range(400)]
+    # B = ||w|| + Laplace(Delta_r / 0.5): centred on ||w||, spread Delta_r / 0.5, never below Delta_r
+    assert abs(np.median(draws) - norm) < 0.2 * model.sensitivity / 0.5
+    assert np.std(draws) == pytest.approx(np.sqrt(2) * model.sensitivity / 0.5, rel=0.2)
+    assert min(draws) >= model.sensitivity and max(draws) <= wide[1]
+    assert model.range_epsilon == 0.5 and model.certificate()["range_epsilon"] == 0.5
+    assert model.sensitivity == pytest.approx(4 / (model.m * model.lam) + 2 * model.g_tol / model.lam)
 
 
 def test_preference_pairs_are_within_prompt_and_correct_over_incorrect():

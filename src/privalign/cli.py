@@ -311,6 +311,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
              pairs_per_person: int = typer.Option(1, help="k: pairs one person contributes"),
              target_epsilon: float = typer.Option(1.0, help="policy: epsilon per query that the choice of "
                                                             "(q, lambda) optimises PrivBoN accuracy for"),
+             range_epsilon: float = typer.Option(0.1, help="policy: one-time epsilon to release a tight output "
+                                                           "range privately (0: the data-independent 1/lambda)"),
              seed: int = typer.Option(0),
              name: Optional[str] = typer.Option(None, help="reward name (default: minilm-bt or policy-bt)"),
              data_dir: Optional[str] = typer.Option(None),
@@ -318,7 +320,7 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     """Train a certified Bradley-Terry reward model and print its certificate."""
     if features == "policy":
         return _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon,
-                                seed, name or "policy-bt", out)
+                                range_epsilon, seed, name or "policy-bt", out)
     if features != "minilm":
         _fail(f"--features must be 'minilm' or 'policy', got {features!r}")
     from .rewards import EmbeddingBTReward
@@ -351,7 +353,8 @@ def _train_pool(pool: Optional[Path]):
     return p, raw
 
 
-def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, seed, name, out):
+def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
+                     seed, name, out):
     from rich.table import Table
 
     from .rewards.policy_bt import train_policy_bt
@@ -362,7 +365,8 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
         model, grid = train_policy_bt(raw, p.columns["prompt_id"], p.columns["true_reward"], task=task,
                                       lambdas=lambdas, components=parse_int_list(components),
                                       pairs_per_prompt=pairs_per_prompt, pairs_per_person=pairs_per_person,
-                                      target_epsilon=target_epsilon, seed=seed, name=name)
+                                      target_epsilon=target_epsilon, range_epsilon=range_epsilon, seed=seed,
+                                      name=name)
     except ValueError as e:
         _fail(str(e))
     table = Table(title=f"(q, lambda) on {model.meta['validation_prompts']} validation prompts (never test)")
@@ -378,6 +382,7 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
         f"wrote {out}: m = {model.m} pairs from {meta['fit_prompts']} prompts, k = {model.k} pair(s) per person, "
         f"q = {meta['components']}, lambda = {model.lam:g}{' (on the edge of its grid)' if meta['lambda_on_grid_edge'] else ''}, "
         f"certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
+        f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"
         f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); held-out AUC {meta['val_auc']:.3f} "
         f"(log-probability alone {meta['val_logprob_auc']:.3f}); base accuracy {meta['val_base_accuracy']:.3f}")
 

@@ -130,7 +130,9 @@ def render_reproduce(d: Path, settings: dict) -> str:
         f"person, lambda = {sig3(cert.get('lambda'))}, certified sensitivity Delta_r = {sig3(rm.get('sensitivity'))} "
         f"on the declared range [{sig3((rm.get('output_range') or [None, None])[0])}, "
         f"{sig3((rm.get('output_range') or [None, None])[1])}]; held-out AUC {sig3(cert.get('val_auc'))} "
-        f"(log-probability alone: {sig3(cert.get('val_logprob_auc'))}). Tuning used "
+        f"(log-probability alone: {sig3(cert.get('val_logprob_auc'))})"
+        + (f"; the range itself was released privately, a one-time epsilon of {sig3(cert.get('range_epsilon'))}"
+           if cert.get("range_epsilon") else "") + ". Tuning used "
         f"{settings.get('heldout_prompts', '?')} held-out prompts; every number below is measured on the other "
         f"{settings.get('test_prompts', '?')} (test) prompts.</p>")
     # privacy summary
@@ -150,6 +152,9 @@ def render_reproduce(d: Path, settings: dict) -> str:
             q = f"{int(20 // eps)} within epsilon 20 (pure epsilon, basic composition)"
         rows.append(f"<tr><td>{label}</td><td>{sig3(r['worst_case_epsilon'])}</td><td>{sig3(delta)}</td>"
                     f"<td>{q}</td><td>{sig3(r['accuracy'])}</td></tr>")
+    if cert.get("range_epsilon"):
+        rows.append(f"<tr><td>reward model's output range (released once)</td><td>{sig3(cert['range_epsilon'])} "
+                    f"(once, not per query)</td><td>0</td><td>all</td><td></td></tr>")
     p.append("<h2>Privacy summary</h2><table><thead><tr><th>method</th><th>epsilon per query (worst case)</th>"
              "<th>delta per query</th><th>queries answered in one total budget</th>"
              f"<th>accuracy at n = {n}</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")

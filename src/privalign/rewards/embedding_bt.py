@@ -99,15 +99,36 @@ class CertifiedBT(RewardModel):
     """A Bradley-Terry head r = w . phi with ||phi|| <= 1, trained by ``fit_bt``: its declared output
     range and certified sensitivity (module docstring) follow from (lambda, m, k, g_tol) alone."""
 
-    def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float):
+    def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
+                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0):
         self.w, self.lam, self.m, self.k, self.g_tol = np.asarray(w, float), lam, m, pairs_per_person, g_tol
-        self.output_range = bt_output_range(lam, g_tol)
+        self.output_range = bt_output_range(lam, g_tol) if output_range is None else tuple(output_range)
+        self.range_epsilon = range_epsilon
         self.sensitivity = certified_sensitivity(m, lam, pairs_per_person, g_tol)
+
+    def release_range(self, epsilon: float, rng: np.random.Generator | None = None) -> tuple[float, float]:
+        """Replace the data-independent range by a private, tighter one, [-B, B] with
+        B = max(||w|| + Laplace(Delta_r / epsilon), Delta_r), at a one-time cost of epsilon.
+
+        | ||w_D|| - ||w_D'|| | <= ||w_D - w_D'|| <= Delta_r, so B is epsilon-DP (Laplace mechanism);
+        given B, the reward clip(r, -B, B) still has sensitivity Delta_r, so every later query's
+        guarantee holds and composes with this one release: the total is epsilon + the queries'.
+        Scores beyond B (when the noise is negative) are clipped, which costs accuracy, not privacy.
+        """
+        if not epsilon > 0:
+            raise ValueError(f"epsilon must be positive, got {epsilon!r}")
+        import secrets
+
+        gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+        b = max(float(np.linalg.norm(self.w)) + float(gen.laplace(0.0, self.sensitivity / epsilon)), self.sensitivity)
+        b = min(b, bt_output_range(self.lam, self.g_tol)[1])
+        self.output_range, self.range_epsilon = (-b, b), float(epsilon)
+        return self.output_range
 
     def certificate(self) -> dict:
         lo, hi = self.output_range
         return {"lambda": self.lam, "m": self.m, "pairs_per_person": self.k, "g_tol": self.g_tol,
-                "sensitivity": self.sensitivity, "output_range": [lo, hi],
+                "sensitivity": self.sensitivity, "output_range": [lo, hi], "range_epsilon": self.range_epsilon,
                 "sensitivity_share_of_range": self.sensitivity / (hi - lo)}
 
 

@@ -96,8 +96,9 @@ class PolicyBTReward(CertifiedBT):
 
     def __init__(self, w, lam: float, m: int, pairs_per_person: int, g_tol: float, feature_map: FeatureMap,
                  base_model: str = "smollm2", task: str | None = None, name: str = "policy-bt",
-                 meta: dict | None = None):
-        super().__init__(w, lam, m, pairs_per_person, g_tol)
+                 meta: dict | None = None, output_range: tuple[float, float] | None = None,
+                 range_epsilon: float = 0.0):
+        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon)
         self.feature_map, self.base_model, self.task = feature_map, base_model, task
         self.name, self.meta = name, meta or {}
         self._generator = None
@@ -146,7 +147,8 @@ class PolicyBTReward(CertifiedBT):
             raise ValueError(f"{path} is not a policy-bt reward model")
         return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
                    FeatureMap.from_dict(body["feature_map"]), body.get("base_model", "smollm2"), body.get("task"),
-                   body.get("name", "policy-bt"), body.get("meta"))
+                   body.get("name", "policy-bt"), body.get("meta"), body.get("output_range"),
+                   body.get("range_epsilon", 0.0))
 
 
 # ---------------------------------------------------------------------------------- training
@@ -222,13 +224,17 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
                     lambdas=(0.001, 0.003, 0.01, 0.03, 0.1), components=(8, 32), c: float = 0.8,
                     pairs_per_prompt: int = 16, pairs_per_person: int = 1, fit_fraction: float = 0.6,
                     target_epsilon: float = 1.0, n_select: int = 16, g_tol: float = 1e-9, seed: int = 0,
+                    range_epsilon: float = 0.1, rng: np.random.Generator | None = None,
                     name: str = "policy-bt") -> tuple[PolicyBTReward, list[dict]]:
     """Train ``policy-bt`` on graded policy samples of the train prompts; returns (model, grid).
 
     (q, lambda) is chosen on the validation prompts by the accuracy of Gumbel PrivBoN at
     ``target_epsilon`` per query and n = ``n_select`` (its noise follows from each candidate's own
     certified Delta_r), which weighs fit against the sensitivity that a small lambda costs; the
-    within-prompt AUC and the log-probability's AUC are reported beside it.
+    within-prompt AUC and the log-probability's AUC are reported beside it. With
+    ``range_epsilon > 0`` the declared output range is then released privately
+    (``CertifiedBT.release_range``; OS entropy unless ``rng`` is given): the data-independent bound
+    1/lambda is far wider than the scores, which starves ITP and PrivITP of acceptance mass.
     """
     pid = np.asarray(prompt_ids, str)
     y = np.asarray(correct, float)
@@ -260,6 +266,8 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
             if best is None or row["val_privbon_accuracy"] > best[0]["val_privbon_accuracy"]:
                 best = (row, model)
     row, model = best
+    if range_epsilon > 0:
+        model.release_range(range_epsilon, rng)  # a one-time, private, tighter output range
     lo, hi = min(lambdas), max(lambdas)
     model.meta = {"task": task, "fit_prompts": len(fit_p), "validation_prompts": len(val_p),
                   "pairs_per_prompt": pairs_per_prompt, "seed": seed, "fit_fraction": fit_fraction,
