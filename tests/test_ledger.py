@@ -109,3 +109,51 @@ def test_processes_hammering_one_budget_never_overspend(url):
     assert math.fsum(c[2] for c in charges) <= 3.0
     assert led.check() == []
     assert led.budget("shared").remaining.epsilon < 0.2  # it stopped only when a worst case no longer fit
+
+
+def test_restart_recovers_a_killed_process_at_once_without_waiting_for_its_lease(tmp_path):
+    """Same host, dead pid: provably gone, so its reservation is settled (at its worst case) by the
+    next process to start, though its heartbeat is recent and the lease is a minute long."""
+    import subprocess
+    import sys
+
+    db = str(tmp_path / "ledger.db")
+    Ledger(db).set_budget("r", 5.0, 0.5)
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom privalign.ledger import Ledger\n"
+        f"led = Ledger({db!r}, lease=60)\nled.heartbeat()\nled.reserve('r', 1.25, 0.0, 'in-flight')\n"
+        "print('reserved', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "reserved"
+    live = Ledger(db, lease=60)
+    assert live.recover() == 0  # its owner is alive: left alone
+    child.kill()
+    child.wait()
+    assert Ledger(db, lease=60).recover() == 1
+    s = live.budget("r")
+    assert s.spent.epsilon == 1.25 and s.open == 0 and live.charges("r")[0][1] == "recover"
+
+
+def test_replicas_starting_together_on_an_empty_postgres_database():
+    if not PG:
+        pytest.skip("PRIVALIGN_TEST_POSTGRES is not set (.ci/run starts a PostgreSQL server and sets it)")
+    import threading
+
+    import psycopg
+
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS events, budgets, owners")
+    errors, barrier = [], threading.Barrier(8)
+
+    def start():
+        try:
+            barrier.wait()
+            Ledger(PG)
+        except Exception as e:  # noqa: BLE001 - any failure is the bug
+            errors.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -134,9 +134,15 @@ def test_stock_openai_client_gets_a_private_answer(stub_server):
     c = client.completions.create(model="stub", prompt="Hello", extra_body={"privalign": {"mechanism": "privbon",
                                                                                          "epsilon": 0.5, "n": 4}})
     assert c.model_extra["privalign"]["epsilon_charged"] == pytest.approx(0.5)
-    status, metrics = 200, urllib.request.urlopen(stub_server.url + "/metrics").read().decode()
+    assert call(stub_server.url, "/metrics")[0] == 403  # budget names are per tenant: admins only
+    req = urllib.request.Request(stub_server.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+    metrics = urllib.request.urlopen(req).read().decode()
     assert 'privalign_queries_total{budget="acme-rm",mechanism="privitp"} 1.0' in metrics
     assert "privalign_candidates_generated_total" in metrics
+    assert [m.id for m in client.models.list()] == ["stub"]
+    parts = client.chat.completions.create(model="stub", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}], temperature=0.7)
+    assert parts.choices[0].message.content.startswith("candidate")
 
 
 def test_keys_tenants_and_budget_administration(stub_server):
@@ -145,7 +151,9 @@ def test_keys_tenants_and_budget_administration(stub_server):
     assert status == 200 and [b["name"] for b in body["budgets"]] == ["acme-rm"]
     assert call(url, "/v1/budgets/globex-rm")[0] == 404  # another tenant's budget is invisible
     assert call(url, "/v1/budgets", key="nope")[0] == 401
-    assert chat(url, {"budget": "globex-rm"})[0] == 403
+    assert chat(url, {"budget": "globex-rm"})[0] == 404  # the same answer as for a budget that does not exist
+    assert chat(url, {"budget": "globex-rm"})[1]["error"] == chat(url, {"budget": "no-such-rm"})[1]["error"] | {
+        "message": "unknown budget 'globex-rm'"}
     assert call(url, "/v1/budgets/acme-rm", {"epsilon_total": 100.0})[0] == 403  # clients cannot change budgets
     status, b = call(url, "/v1/budgets/acme-rm", {"epsilon_total": 100.0, "delta_total": 0.9}, key=ADMIN)
     assert status == 200 and b["epsilon_total"] == 100.0
@@ -160,14 +168,24 @@ def test_bad_input_is_refused_and_charges_nothing(stub_server):
     bad = [(None, b"{not json"), ({"model": "x", "messages": "hi"}, None),
            ({"model": "x", "messages": [{"role": "user", "content": "x" * 500}]}, None),
            ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "n": 3}, None)]
+    hi = [{"role": "user", "content": "hi"}]
+    bad += [({"model": "x", "messages": hi, "stream": True}, None),                 # streaming is refused
+            ({"model": "x", "messages": hi, "max_tokens": 9}, None),                # over the cap (8)
+            ({"model": "x", "messages": hi, "temperature": 0}, None),
+            ({"model": "x", "messages": hi * 65}, None),                            # too many messages
+            ({"model": "x", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None)]
     for ext in [{"mechanism": "bon"}, {"n": 0}, {"n": 33}, {"n": 2.5}, {"epsilon": 0, "mechanism": "privbon"},
-                {"epsilon": -1, "mechanism": "privbon"}, {"beta": "high"}, {"delta": 1.5}, {"colour": "red"}]:
-        bad.append(({"model": "x", "messages": [{"role": "user", "content": "hi"}], "privalign": ext}, None))
+                {"epsilon": -1, "mechanism": "privbon"}, {"beta": "high"}, {"delta": 1.5}, {"colour": "red"},
+                # extreme but valid numbers: the accountant answers, the service refuses with a 4xx
+                {"epsilon": 1e-320, "mechanism": "privbon"}, {"noise_scale": 1e-320, "mechanism": "privbon"},
+                {"sigma_z": 1e-300}, {"sigma_x": 1e-300}]:
+        bad.append(({"model": "x", "messages": hi, "privalign": ext}, None))
     for body, raw in bad:
         status, err = call(url, "/v1/chat/completions", body, raw=raw)
         assert 400 <= status < 500 and err["error"]["message"], (body, raw, status, err)
     state = call(url, "/v1/budgets/acme-rm")[1]
     assert state["queries"] == 0 and state["epsilon_spent"] == 0 and state["open_reservations"] == 0
+    assert chat(url, {"beta": 1e-300})[0] == 200  # extreme but servable: a correct, charged answer
 
 
 def test_exhausted_budget_answers_429_and_never_overspends(tmp_path):
@@ -180,8 +198,15 @@ def test_exhausted_budget_answers_429_and_never_overspends(tmp_path):
             statuses.append(status)
         assert statuses[:7] == [200] * 7 and set(statuses[7:]) == {429}
         assert body["error"]["type"] == "budget_exhausted" and body["error"]["budget"] == "acme-rm"
+        req = urllib.request.Request(srv.url + "/v1/chat/completions", method="POST", data=json.dumps(
+            {"model": "x", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {CLIENT}"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req)
+        assert info.value.code == 429 and info.value.headers["x-should-retry"] == "false"  # openai: no retry
+        statuses.append(429)
         state = call(srv.url, "/v1/budgets/acme-rm")[1]
-        assert state["epsilon_spent"] <= 3.0 and state["queries"] == 7 and state["refusals"] == 33
+        assert state["epsilon_spent"] <= 3.0 and state["queries"] == 7 and state["refusals"] == 34
     finally:
         srv.stop()
 
@@ -312,3 +337,40 @@ def test_reward_model_fault_is_502_and_charged_at_worst_case(tmp_path):
     state = svc.ledger.budget("default")
     assert state.spent.epsilon == pytest.approx(0.5) and state.open == 0  # never refunded
     assert svc.ledger.check() == []
+
+
+def test_failures_after_the_reservation_charge_the_worst_case_and_answer_5xx(tmp_path):
+    """A crash in generation (not a ValueError) and a failing settlement: never a stranded
+    reservation, always a JSON 5xx, the worst case charged."""
+    from privalign.server.app import ApiError, Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    cfg = ServiceConfig.model_validate({"ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"},
+                                        "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1},
+                                        "budgets": [{"name": "default", "epsilon_total": 10.0}]})
+
+    class Crashing(StubGenerator):
+        def generate(self, *a, **kw):
+            raise RuntimeError("CUDA out of memory")
+
+    svc = Service(cfg, generator=Crashing())
+    ask = ([{"role": "user", "content": "hi"}], {"mechanism": "privbon", "epsilon": 0.5}, "default")
+    with pytest.raises(ApiError) as err:
+        svc.answer(*ask)
+    assert err.value.status == 500 and err.value.kind == "internal_error"
+    assert svc.ledger.budget("default").spent.epsilon == pytest.approx(0.5)
+
+    svc = Service(cfg, generator=StubGenerator())
+    real_settle_state = svc.ledger.settle_state
+
+    def flaky(rid, epsilon=None, kind="settle"):
+        if epsilon is not None:
+            raise OSError("disk I/O error")
+        return real_settle_state(rid, epsilon, kind)
+
+    svc.ledger.settle_state = flaky
+    with pytest.raises(ApiError) as err:
+        svc.answer(*ask)
+    assert err.value.status == 500 and err.value.kind == "ledger_error"
+    state = svc.ledger.budget("default")
+    assert state.spent.epsilon == pytest.approx(1.0) and state.open == 0 and svc.ledger.check() == []

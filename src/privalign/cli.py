@@ -425,6 +425,8 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
           host: str = typer.Option("127.0.0.1"), port: int = typer.Option(8000),
           workers: int = typer.Option(1, help="uvicorn worker processes (they share the ledger)")):
     """Serve private Best-of-N over an OpenAI-compatible HTTP API with a durable privacy ledger."""
+    import os
+
     import uvicorn
 
     from .server import load_config
@@ -433,10 +435,22 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         cfg = load_config(config)
     except Exception as e:
         _fail(f"invalid config: {e}")
+    keys = "from " + str(config) if config else "generated for this run (no config file): pass --config to fix them"
+    console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
+                  f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}\n"
+                  f"  reward: {cfg.reward.kind} {cfg.reward.path or ''}\n"
+                  f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
+                  f"  ledger: {cfg.ledger}\n"
+                  + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.epsilon_total:g}, delta "
+                            f"{b.delta_total:g}, {b.composition}\n" for b in cfg.budgets)
+                  + f"  keys {keys}")
+    if not config:
+        console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")
     if workers > 1:
-        import os
-
         os.environ["PRIVALIGN_CONFIG"] = str(config) if config else ""
+        if not config:
+            os.environ["PRIVALIGN_GENERATED_KEYS"] = json.dumps(
+                {"admin_keys": cfg.admin_keys, "clients": {k: v.model_dump() for k, v in cfg.clients.items()}})
         uvicorn.run("privalign.server.main:app", host=host, port=port, workers=workers, log_level="warning")
     else:
         from .server.http import create_app

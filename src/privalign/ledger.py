@@ -101,6 +101,22 @@ def _state(row) -> BudgetState:
                        Privacy(row[7], row[8]), int(row[9]), int(row[10]), int(row[11]))
 
 
+def _provably_dead(owner: str | None) -> bool:
+    """An owner ``host:pid:tag`` that ran on this host under a pid that no longer exists. (A reused
+    pid looks alive: recovery then waits for the lease, the safe direction.)"""
+    host, _, rest = (owner or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class Ledger:
     """Open with a SQLite path or a ``postgresql://`` URL."""
 
@@ -116,6 +132,11 @@ class Ledger:
         self._write_lock = threading.Lock()
         self.synchronous = synchronous
         with self._tx() as cur:
+            if self.postgres:
+                # replicas starting together on an empty database: CREATE TABLE IF NOT EXISTS is not safe
+                # against itself in PostgreSQL (unique violation in pg_type), so take a transaction-level
+                # advisory lock first; it is released at commit
+                cur.execute("SELECT pg_advisory_xact_lock(7351902214)")
             for stmt in SCHEMA:
                 cur.execute(stmt.format(serial="BIGSERIAL PRIMARY KEY" if self.postgres
                                         else "INTEGER PRIMARY KEY AUTOINCREMENT"))
@@ -285,16 +306,19 @@ class Ledger:
 
     def recover(self, lease: float | None = None) -> int:
         """Settle, at their worst case, the open reservations of processes that are dead: whose last
-        heartbeat is older than ``lease`` seconds (or that never sent one). Never refunds: their
-        candidates may have been observed. Safe to run while other processes serve."""
+        heartbeat is older than ``lease`` seconds (or that never sent one), or that ran on this host
+        under a pid that no longer exists (provably gone: no need to wait for the lease). Never
+        refunds: their candidates may have been observed. Safe to run while other processes serve."""
         lease = self.lease if lease is None else lease
         cur = self._conn().cursor()
-        cur.execute(self._q("SELECT r.id FROM events r WHERE r.kind = 'reserve' AND (r.owner IS NULL OR r.owner != ?) "
-                            "AND NOT EXISTS (SELECT 1 FROM events s WHERE s.reservation = r.id) "
-                            "AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner = r.owner AND o.heartbeat >= ?)"),
-                    (self.owner, time.time() - lease))
+        cur.execute(self._q("SELECT r.id, r.owner, o.heartbeat FROM events r LEFT JOIN owners o ON o.owner = r.owner "
+                            "WHERE r.kind = 'reserve' AND (r.owner IS NULL OR r.owner != ?) "
+                            "AND NOT EXISTS (SELECT 1 FROM events s WHERE s.reservation = r.id)"), (self.owner,))
+        cutoff = time.time() - lease
         recovered = 0
-        for (rid,) in cur.fetchall():
+        for rid, owner, heartbeat in cur.fetchall():
+            if heartbeat is not None and heartbeat >= cutoff and not _provably_dead(owner):
+                continue
             try:
                 self.settle(rid, None, kind="recover")
                 recovered += 1

@@ -50,7 +50,8 @@ def solve_itp_lambda(r: np.ndarray, beta: float) -> float:
         # new lambda are still exactly that set, lambda is the exact root.
         lam = (float(active.sum()) - target) / active.size
         kept = active.compress(active > lam)
-        if kept.size == active.size:
+        if kept.size == active.size or kept.size == 0:
+            # (kept empty: n beta is below the resolution of the scores, so lambda rounds to max(r))
             return lam
         active = kept
     return _lambda_sorted(r, target)

@@ -193,18 +193,24 @@ class Service:
             raise ApiError(400, "invalid_request", f"privalign.delta must lie in (0, 1), got {ext['delta']!r}")
         o.update(beta=ext.get("beta", d.beta), sigma_x=ext.get("sigma_x", d.sigma_x), sigma_z=ext.get("sigma_z", d.sigma_z),
                  delta=ext.get("delta", d.delta))
-        if mech == "privbon":
-            if "epsilon" in ext and "noise_scale" in ext:
-                raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
-            if "noise_scale" in ext:
-                o["noise_scale"] = ext["noise_scale"]
+        if mech == "privbon" and "epsilon" in ext and "noise_scale" in ext:
+            raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
+        try:
+            if mech == "privbon":
+                if "noise_scale" in ext:
+                    o["noise_scale"] = ext["noise_scale"]
+                else:
+                    eps = ext.get("epsilon", d.epsilon)
+                    o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
+                o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
             else:
-                eps = ext.get("epsilon", d.epsilon)
-                o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
-            o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
-        else:
-            o["epsilon_max"] = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
-                                            self.range[1] - self.range[0])
+                o["epsilon_max"] = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"],
+                                                self.sensitivity, self.range[1] - self.range[0])
+        except ValueError as e:  # e.g. epsilon = 1e-320: the noise it needs overflows
+            raise ApiError(400, "invalid_request", f"privalign options cannot be served: {e}") from None
+        if not math.isfinite(o["epsilon_max"]):
+            raise ApiError(400, "invalid_request", "this setting's worst-case epsilon is unbounded (the noise is too "
+                                                   "small to account for); use more noise", epsilon_max="inf")
         budget = ext.get("budget")
         if budget is None:
             mine = [b.name for b in self.cfg.budgets if tenant is None or b.tenant == tenant]
@@ -217,23 +223,25 @@ class Service:
                 owner = self._tenant_of[budget] = (self.ledger.budget(budget).tenant,)
             except UnknownBudget:
                 raise ApiError(404, "not_found", f"unknown budget {budget!r}") from None
-        if tenant is not None and owner[0] != tenant:
-            raise ApiError(403, "forbidden", f"budget {budget!r} belongs to another tenant")
+        if tenant is not None and owner[0] != tenant:  # the same answer as for a budget that does not exist
+            raise ApiError(404, "not_found", f"unknown budget {budget!r}")
         o["budget"] = budget
         return o
 
     # ------------------------------------------------------------------ one query
-    def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None) -> dict:
+    def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None,
+               temperature: float | None = None) -> dict:
         t0 = time.perf_counter()
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in messages):
-            raise ApiError(400, "invalid_request", "messages must be a non-empty list of {role, content}")
-        chars = sum(len(m["content"]) for m in messages)
-        if chars > self.cfg.max_prompt_chars:
-            raise ApiError(400, "invalid_request", f"prompt has {chars} characters, over the cap of "
-                                                   f"{self.cfg.max_prompt_chars}")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        messages = self.check_messages(messages)
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ApiError(400, "invalid_request", f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if max_tokens is not None and max_tokens > self.cfg.token_cap:
+            raise ApiError(400, "invalid_request", f"max_tokens={max_tokens} is over this service's cap of "
+                                                   f"{self.cfg.token_cap} (max_tokens_cap in the config)")
+        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                        or not 0 < temperature <= 2):
+            raise ApiError(400, "invalid_request", f"temperature must lie in (0, 2] (the candidates are samples of "
+                                                   f"the policy), got {temperature!r}")
         o = self.options(ext, tenant)
         request_id = uuid.uuid4().hex
         t_l = time.perf_counter()
@@ -245,15 +253,23 @@ class Service:
                            epsilon_remaining=e.remaining.epsilon) from None
         ledger_s = time.perf_counter() - t_l
         try:
-            text, sel, generated = self._select(messages, o, max_tokens)
+            text, sel, generated = self._select(messages, o, max_tokens, temperature)
         except BaseException as e:
             # generation or scoring failed after the reservation: charge the worst case (never refund)
-            self.ledger.settle(rid, None)
+            self._settle_worst_case(rid)
             if isinstance(e, ValueError):
                 raise ApiError(502, "backend_error", f"the reward model or generator failed: {e}") from None
+            if isinstance(e, Exception):
+                raise ApiError(500, "internal_error", f"the query failed after its worst case was reserved "
+                                                      f"(charged): {type(e).__name__}") from None
             raise
         t_l = time.perf_counter()
-        charged, state = self.ledger.settle_state(rid, sel.epsilon)  # durable before the response leaves
+        try:
+            charged, state = self.ledger.settle_state(rid, sel.epsilon)  # durable before the response leaves
+        except Exception as e:
+            self._settle_worst_case(rid)  # the answer is withheld, but its candidates were scored
+            raise ApiError(500, "ledger_error", f"the charge could not be recorded ({type(e).__name__}); the "
+                                                f"answer is withheld and the worst case charged") from None
         ledger_s += time.perf_counter() - t_l
         self.m_ledger.observe(ledger_s)
         if len(self.ledger_timings) < 1_000_000:
@@ -269,18 +285,51 @@ class Service:
             "delta_charged": o["delta"], "epsilon_max": o["epsilon_max"], "budget": o["budget"],
             "budget_remaining": {"epsilon": state.remaining.epsilon, "delta": state.remaining.delta}}}
 
-    def _generate(self, messages, k, max_tokens):
+    def _settle_worst_case(self, rid: int) -> None:
+        """Charge a reservation's worst case; if even that fails (the database is down), the
+        reservation stays open and is recovered at its worst case once this process's lease lapses."""
+        try:
+            self.ledger.settle(rid, None)
+        except Exception:
+            pass
+
+    def check_messages(self, messages) -> list[dict]:
+        """OpenAI chat messages, content a string or a list of text parts, within the caps."""
+        if not isinstance(messages, list) or not messages:
+            raise ApiError(400, "invalid_request", "messages must be a non-empty list of {role, content}")
+        if len(messages) > self.cfg.max_messages:
+            raise ApiError(400, "invalid_request", f"{len(messages)} messages, over the cap of {self.cfg.max_messages}")
+        out = []
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m.get("role"):
+                raise ApiError(400, "invalid_request", "messages must be a non-empty list of {role, content}")
+            content = m.get("content")
+            if isinstance(content, list):
+                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise ApiError(400, "invalid_request", "only text content parts ({type: text, text}) are supported")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
+            out.append({"role": m["role"], "content": content})
+        chars = sum(len(m["content"]) for m in out)
+        if chars > self.cfg.max_prompt_chars:
+            raise ApiError(400, "invalid_request", f"prompt has {chars} characters, over the cap of "
+                                                   f"{self.cfg.max_prompt_chars}")
+        return out
+
+    def _generate(self, messages, k, max_tokens, temperature=None):
         with self.gen_lock:
             return self.generator.generate(messages, k, max_new_tokens=max_tokens or self.cfg.generator.max_new_tokens,
-                                           temperature=self.cfg.generator.temperature)
+                                           temperature=temperature or self.cfg.generator.temperature)
 
     def _scores(self, messages, texts):
         prompt = messages[-1]["content"]
         return score_checked(self.reward, [prompt] * len(texts), texts).scores
 
-    def _select(self, messages, o, max_tokens):
+    def _select(self, messages, o, max_tokens, temperature=None):
         n = o["n"]
-        first = [g.text for g in self._generate(messages, n, max_tokens)]
+        first = [g.text for g in self._generate(messages, n, max_tokens, temperature)]
         r1 = self._scores(messages, first)
         if o["mechanism"] == "privbon":
             sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range)
@@ -288,13 +337,13 @@ class Service:
         phase2: list[str] = []
 
         def next_reward():  # Phase 2: one fresh candidate at a time, only until acceptance
-            text = self._generate(messages, 1, max_tokens)[0].text
+            text = self._generate(messages, 1, max_tokens, temperature)[0].text
             phase2.append(text)
             return float(self._scores(messages, [text])[0])
 
         sel = M.privitp(r1, next_reward, beta=o["beta"], sigma_x=o["sigma_x"], sigma_z=o["sigma_z"], delta=o["delta"],
                         sensitivity=self.sensitivity, reward_range=self.range)
         if sel.fallback:
-            text = self._generate(messages, 1, max_tokens)[0].text  # a fresh draw from the base policy
+            text = self._generate(messages, 1, max_tokens, temperature)[0].text  # a fresh draw from the base policy
             return text, sel, n + len(phase2) + 1
         return phase2[sel.index], sel, n + len(phase2)

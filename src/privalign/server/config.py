@@ -2,9 +2,11 @@
 
 ```toml
 ledger = "privalign-ledger.db"          # SQLite path, or a postgresql:// URL for several replicas
-admin_keys = ["change-me-admin"]
+admin_keys = ["change-me-admin"]           # without a config file, random keys are generated and printed
 max_n = 64
 max_prompt_chars = 4000
+max_messages = 64
+# max_tokens_cap = 8                     # largest max_tokens a request may ask for (default: generator.max_new_tokens)
 
 [clients.change-me-client]              # API key -> tenant
 tenant = "default"
@@ -41,6 +43,7 @@ composition = "fsrc"
 
 from __future__ import annotations
 
+import secrets
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -97,14 +100,22 @@ class ServiceConfig(BaseModel):
     ledger: str = "privalign-ledger.db"
     ledger_synchronous: Literal["FULL", "NORMAL"] = "FULL"
     ledger_lease_s: float = Field(30.0, gt=0)  # a process silent this long is dead; its reservations are recovered
-    admin_keys: list[str] = Field(default_factory=lambda: ["change-me-admin"])
-    clients: dict[str, ClientConfig] = Field(default_factory=lambda: {"change-me-client": ClientConfig(tenant="default")})
+    # no well-known default keys: a config without keys gets fresh random ones (``privalign serve`` prints them)
+    admin_keys: list[str] = Field(default_factory=lambda: ["admin-" + secrets.token_urlsafe(18)])
+    clients: dict[str, ClientConfig] = Field(
+        default_factory=lambda: {"client-" + secrets.token_urlsafe(18): ClientConfig(tenant="default")})
     max_n: int = Field(64, ge=1)
     max_prompt_chars: int = Field(4000, ge=1)
+    max_messages: int = Field(64, ge=1)
+    max_tokens_cap: int | None = Field(None, ge=1)  # default: generator.max_new_tokens
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     mechanism: MechanismConfig = Field(default_factory=MechanismConfig)
     budgets: list[BudgetConfig] = Field(default_factory=lambda: [BudgetConfig(name="default", epsilon_total=50.0)])
+
+    @property
+    def token_cap(self) -> int:
+        return self.max_tokens_cap or self.generator.max_new_tokens
 
     @model_validator(mode="after")
     def _keys(self):

@@ -23,7 +23,13 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # a refusal for lack of budget is final: tell the stock openai client not to retry it
+        headers = {"x-should-retry": "false"} if exc.kind == "budget_exhausted" else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request, exc: Exception):
+        return JSONResponse({"error": {"type": "internal_error", "message": type(exc).__name__}}, status_code=500)
 
     def key_of(request: Request) -> str | None:
         auth = request.headers.get("authorization", "")
@@ -42,6 +48,9 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if body.get("n", 1) != 1:
             raise ApiError(400, "invalid_request", "n (choices) must be 1: the service returns one selected response; "
                                                    "set the number of candidates with privalign.n")
+        if body.get("stream"):  # refused before anything is reserved: nothing is charged
+            raise ApiError(400, "invalid_request", "stream=true is not supported: the answer is selected among "
+                                                   "complete candidates; send the request without stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -49,7 +58,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         body = await body_of(request)
         check_openai_n(body)
         out = await run_in_threadpool(svc.answer, body.get("messages"), body.get("privalign"), tenant,
-                                      body.get("max_tokens"))
+                                      body.get("max_tokens"), body.get("temperature"))
         return JSONResponse({"id": "chatcmpl-" + out["privalign"]["request_id"], "object": "chat.completion",
                 "created": int(time.time()), "model": body.get("model") or svc.generator.name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
@@ -66,7 +75,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if not isinstance(prompt, str):
             raise ApiError(400, "invalid_request", "prompt must be a string")
         out = await run_in_threadpool(svc.answer, [{"role": "user", "content": prompt}], body.get("privalign"),
-                                      tenant, body.get("max_tokens"))
+                                      tenant, body.get("max_tokens"), body.get("temperature"))
         return JSONResponse({"id": "cmpl-" + out["privalign"]["request_id"], "object": "text_completion",
                 "created": int(time.time()), "model": body.get("model") or svc.generator.name,
                 "choices": [{"index": 0, "text": out["text"], "finish_reason": "stop", "logprobs": None}],
@@ -108,8 +117,17 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     def healthz():
         return {"status": "ok", "recovered_on_start": svc.recovered, "generator": svc.generator.name}
 
+    @app.get("/v1/models")
+    def models(request: Request):
+        svc.caller(key_of(request))
+        return {"object": "list", "data": [{"id": svc.generator.name, "object": "model", "created": 0,
+                                            "owned_by": "privalign"}]}
+
     @app.get("/metrics")
-    def metrics():
+    def metrics(request: Request):
+        role, _ = svc.caller(key_of(request))  # budget names are per tenant: admins only
+        if role != "admin":
+            raise ApiError(403, "forbidden", "metrics need an admin key")
         return PlainTextResponse(generate_latest(svc.registry).decode(), media_type="text/plain; version=0.0.4")
 
     return app
