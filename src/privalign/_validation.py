@@ -7,6 +7,8 @@ shows the offending value, raised before any randomness is drawn or budget is sp
 from __future__ import annotations
 
 import math
+import os
+import threading
 from numbers import Real
 
 import numpy as np
@@ -99,10 +101,28 @@ def prepare_rewards(rewards, reward_range, name: str = "rewards") -> tuple[np.nd
     return (r - lo if lo != 0 else r), hi - lo, n_clipped
 
 
+_SECURE = threading.local()
+
+
+def secure_generator() -> np.random.Generator:
+    """The deployment noise source: a numpy ``Generator`` on randomgen's ``AESCounter`` (AES-128 in
+    counter mode, a cryptographically secure generator), keyed with 128 bits from ``os.urandom``.
+    One per thread, re-keyed after a fork, so no two threads or processes share a stream; unlike
+    numpy's PCG64, its future output cannot be predicted from what it has produced."""
+    gen = getattr(_SECURE, "gen", None)
+    if gen is None or _SECURE.pid != os.getpid():
+        from randomgen import AESCounter
+
+        gen = np.random.Generator(AESCounter(key=int.from_bytes(os.urandom(16), "little")))
+        _SECURE.gen, _SECURE.pid = gen, os.getpid()
+    return gen
+
+
 def as_generator(rng) -> np.random.Generator:
-    """``None`` draws fresh OS entropy on every call: a deployment must never reuse noise."""
+    """``None`` (the deployment path): the thread's CSPRNG (``secure_generator``). A seeded numpy
+    ``Generator`` only when the caller passes one, for reproducible research runs and tests."""
     if rng is None:
-        return np.random.default_rng()
+        return secure_generator()
     if isinstance(rng, np.random.Generator):
         return rng
     raise ValueError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")

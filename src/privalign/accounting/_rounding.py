@@ -18,6 +18,16 @@ def ulp_up(x: float) -> float:
     return math.nextafter(float(x), math.inf)
 
 
+SNAP = 2.0 ** -20
+
+
+def snap_up(x: float, grid: float = SNAP) -> float:
+    """x rounded up to a multiple of ``grid`` (a power of two, so the result is exact). Released
+    ex-post costs are snapped: the float noise behind them (PrivITP's lambda~) cannot be read off
+    their low bits (Mironov 2012), and the charge never falls below the realised cost."""
+    return float(math.ceil(float(x) / grid) * grid)
+
+
 def margin_up(x):
     """x (1 + REL_MARGIN) for x >= 0, elementwise; exact zeros stay zero."""
     x = np.asarray(x, dtype=float)

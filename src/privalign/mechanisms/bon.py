@@ -55,7 +55,11 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
         sigma = check_positive("noise_scale", noise_scale)
         eps = gumbel_epsilon(sigma, delta_r)
         # argmax_i r_i/sigma + G_i with Gumbel G_i = -log E_i, E_i ~ Exp(1)
-        gumbel = np.log(as_generator(rng).standard_exponential(n))
+        gen = as_generator(rng)
+        e = gen.standard_exponential(n)
+        while not e.all():  # E = 0 would be a +inf Gumbel that wins whatever the scores: redraw it
+            e[e == 0] = gen.standard_exponential(int(np.count_nonzero(e == 0)))
+        gumbel = np.log(e)
         index = int(np.argmax(np.subtract(r * (1.0 / sigma), gumbel, out=gumbel)))
     else:
         if noise_scale is None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import accounting as A
 from .. import mechanisms as M
+from ..accounting._rounding import snap_up
 from ..ledger import BudgetExhausted, Ledger, UnknownBudget
 from ..rewards import RewardModel, score_checked
 from .config import ServiceConfig
@@ -265,7 +266,10 @@ class Service:
             raise
         t_l = time.perf_counter()
         try:
-            charged, state = self.ledger.settle_state(rid, sel.epsilon)  # durable before the response leaves
+            # the ex-post cost is snapped up to a 2^-20 grid before it is recorded or released, so the
+            # response and the budget's remaining epsilon carry no low bits of PrivITP's noisy threshold
+            cost = min(snap_up(sel.epsilon), o["epsilon_max"]) if o["mechanism"] == "privitp" else sel.epsilon
+            charged, state = self.ledger.settle_state(rid, cost)  # durable before the response leaves
         except Exception as e:
             self._settle_worst_case(rid)  # the answer is withheld, but its candidates were scored
             raise ApiError(500, "ledger_error", f"the charge could not be recorded ({type(e).__name__}); the "
