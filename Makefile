@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench pools clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,22 @@ test: $(STAMP)
 test-all: $(STAMP)
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet 'llama-cpp-python>=0.3'
 	$(BIN)/python -m pytest
+
+# Rebuild the shipped real pools and their policy-bt reward models (about 75 min on 2 cores; see
+# docs/experiments.md). Features and train pools stay in results/pools/ (not shipped).
+POOLS := results/pools
+DATA := src/privalign/data
+pools: $(STAMP)
+	mkdir -p $(POOLS)
+	for t in arithmetic-mix mmlu-letters; do \
+	  s=$$([ $$t = mmlu-letters ] && echo 16 || echo 32); \
+	  $(BIN)/privalign generate --task $$t --split train --samples $$s --seed 1 --features --out $(POOLS)/$$t-train.parquet && \
+	  $(BIN)/privalign generate --task $$t --split test --samples 64 --seed 0 --features --out $(POOLS)/$$t-test.parquet && \
+	  $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --out $(DATA)/$$t-policy-bt.json && \
+	  $(BIN)/privalign rm check-sensitivity $(DATA)/$$t-policy-bt.json --pool $(POOLS)/$$t-train.parquet && \
+	  $(BIN)/privalign score $(POOLS)/$$t-test.parquet --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
+	  cp $(POOLS)/$$t-test.parquet $(DATA)/$$t-smollm2.parquet || exit 1; \
+	done
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py

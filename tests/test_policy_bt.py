@@ -9,13 +9,14 @@ from typer.testing import CliRunner
 
 from privalign.cli import app
 from privalign.pipeline import features_path, generate_pool, pool_features, save_features, score_pool
+from privalign.evaluation.experiments import within_prompt_auc
 from privalign.pools import Pool, load_pool
 from privalign.rewards import load_reward
 from privalign.rewards.policy_bt import (
     FeatureMap,
     PolicyBTReward,
     check_sensitivity,
-    heldout_auc,
+
     preference_rows,
     train_policy_bt,
 )
@@ -54,7 +55,7 @@ def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds
     pid, y, raw = synthetic_pool()
     model, grid = train_policy_bt(raw, pid, y, lambdas=(0.01, 0.1, 1.0), components=(4, 8), seed=0,
                                   range_epsilon=0.0)
-    assert len(grid) == 6 and model.lam in (0.01, 0.1, 1.0)
+    assert len(grid) == 18 and model.lam in (0.01, 0.1, 1.0)  # q x c x lambda
     assert model.meta["val_auc"] > 0.6  # the planted signal is found on prompts it was not trained on
     assert model.sensitivity == pytest.approx(4 * model.k / (model.m * model.lam) + 2 * model.g_tol / model.lam)
     lo, hi = model.output_range
@@ -87,7 +88,7 @@ def test_preference_pairs_are_within_prompt_and_correct_over_incorrect():
     ci, ri = preference_rows(pid, y, {f"p{i}" for i in range(5)}, pairs_per_prompt=7)
     assert np.all(pid[ci] == pid[ri]) and np.all(y[ci] == 1) and np.all(y[ri] == 0)
     assert len(set(zip(ci.tolist(), ri.tolist()))) == ci.size  # distinct pairs
-    assert heldout_auc(np.array([0.0, 1.0, 2.0]), np.array([0, 1, 1]), np.array(["a", "a", "a"])) == 1.0
+    assert within_prompt_auc(np.array([0.0, 1.0, 2.0]), np.array([0, 1, 1]), np.array(["a", "a", "a"])) == 1.0
 
 
 def test_cli_train_and_check_sensitivity(tmp_path):

@@ -130,3 +130,23 @@ def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
     assert page.index("What was run") < page.index("Privacy summary") < page.index("Headline") < page.index("Raw tables")
     assert page.count('src="data:image/png;base64,') == 5
     assert "95% bootstrap" in page
+
+
+def test_cli_routine_mistakes_are_one_line_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.startswith("privalign ")
+    pool = tmp_path / "p.parquet"
+    simulate("gaussian", 4, 20, seed=0).save(pool)
+    for args, words in ((["--reward", "nonexistent"], "not a reward column"),
+                        (["--reward-range", "3,1"], "lo < hi"),
+                        (["--reward-range", "x"], "'lo,hi'")):
+        res = runner.invoke(app, ["evaluate", str(pool), *args, "--out", str(tmp_path / "out")])
+        assert res.exit_code == 2 and words in " ".join(res.output.split()), res.output
+        assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 3
+    res = runner.invoke(app, ["reproduce", "--task", "no-such-task", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "no shipped pool" in res.output

@@ -46,6 +46,20 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     return tuple(seq)
 
 
+def _version(value: bool):
+    if value:
+        from . import __version__
+
+        print(f"privalign {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")):
+    """Differentially private inference-time alignment: mechanisms, experiments, reports."""
+
+
 def _progress():
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
@@ -130,6 +144,8 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
             rr = (lo, hi)
         except ValueError:
             _fail(f"--reward-range must be 'lo,hi', got {reward_range!r}")
+        if not lo < hi:
+            _fail(f"--reward-range must satisfy lo < hi, got {reward_range!r}")
     try:
         settings = EvalSettings(algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
                                 n_grid=parse_int_list(n), replicates=replicates, sigma=sigma, beta=beta,
@@ -138,10 +154,17 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
                                 replace=not without_replacement, estimator=estimator, seed=seed).check()
     except ValueError as e:
         _fail(str(e))
-    with _progress() as bar:
-        task = bar.add_task("prompts", total=None)
-        run_evaluate(p, settings, out, pool_path=pool,
-                     progress=lambda name, done, total: bar.update(task, completed=done, total=total))
+    from .pools import PoolError
+
+    if reward is not None and reward not in p.reward_names:
+        _fail(f"--reward {reward!r} is not a reward column of {pool}; it has {p.reward_names}")
+    try:
+        with _progress() as bar:
+            task = bar.add_task("prompts", total=None)
+            run_evaluate(p, settings, out, pool_path=pool,
+                         progress=lambda name, done, total: bar.update(task, completed=done, total=total))
+    except (PoolError, ValueError) as e:
+        _fail(f"{pool}: {e}")
     console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html")
 
 
@@ -201,6 +224,10 @@ def _print_headline(out: Path) -> None:
     h = json.loads((out / "headline.json").read_text())
     n, eps = h["n_ref"], h["target_epsilon"]
     lines = [f"wrote {out} (open {out}/report.html)", f"base accuracy {h['base_accuracy']:.3g}"]
+    if "auc" in h:
+        a = h["auc"]
+        lines.append(f"{a['reward']} AUC on test prompts {a['auc']:.3g}"
+                     + (f" (log-probability {a['logprob_auc']:.3g})" if "logprob_auc" in a else ""))
     if "bon_lift" in h:
         b = h["bon_lift"]
         lines.append(f"BoN lift at n={n}: {b['points']:.3g} points (95% CI {b['ci'][0]:.3g} to {b['ci'][1]:.3g})")
@@ -369,18 +396,19 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
                                       name=name)
     except ValueError as e:
         _fail(str(e))
-    table = Table(title=f"(q, lambda) on {model.meta['validation_prompts']} validation prompts (never test)")
-    for col in ("q", "lambda", "Delta_r", "val AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
+    table = Table(title=f"(q, c, lambda) on {model.meta['validation_prompts']} validation prompts (never test)")
+    for col in ("q", "c", "lambda", "Delta_r", "val AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
         table.add_column(col, justify="right")
     for r in grid:
-        table.add_row(str(r["components"]), f"{r['lambda']:g}", f"{r['sensitivity']:.3g}", f"{r['val_auc']:.3f}",
+        table.add_row(str(r["components"]), f"{r['c']:g}", f"{r['lambda']:g}", f"{r['sensitivity']:.3g}", f"{r['val_auc']:.3f}",
                       f"{r['val_privbon_accuracy']:.3f}", f"{r['val_bon_accuracy']:.3f}")
     console.print(table)
     model.save(out)
     meta, lo_hi = model.meta, model.output_range
     console.print(
         f"wrote {out}: m = {model.m} pairs from {meta['fit_prompts']} prompts, k = {model.k} pair(s) per person, "
-        f"q = {meta['components']}, lambda = {model.lam:g}{' (on the edge of its grid)' if meta['lambda_on_grid_edge'] else ''}, "
+        f"q = {meta['components']}, c = {meta['c']:g}, lambda = {model.lam:g}"
+        f"{' (on the edge of its grid: ' + ', '.join(meta['on_grid_edge']) + ')' if meta['on_grid_edge'] else ''}, "
         f"certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
         f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"
         f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); held-out AUC {meta['val_auc']:.3f} "

@@ -169,6 +169,7 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     stream_summary = P.summarise_stream(stream_rows)
     tick("FSRC stream")
     headline = headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref)
+    headline["auc"] = test_auc(pool, s.reward, grouped.prompt_ids[test_idx])
     tick("headline")
 
     with atomic_directory(out) as tmp:
@@ -208,6 +209,19 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     return Path(out)
 
 
+def test_auc(pool: Pool, reward: str | None, test_ids) -> dict:
+    """Within-prompt AUC of the selection reward, and of the policy's log-probability when the pool
+    has it, on the test prompts (target: >= 0.65 and above the log-probability)."""
+    rows = np.isin(pool.columns["prompt_id"], test_ids)
+    y, pid = pool.columns["true_reward"][rows], pool.columns["prompt_id"][rows]
+    name = reward or pool.metadata.get("default_reward") or pool.reward_names[0]
+    out = {"reward": name, "auc": X.within_prompt_auc(pool.reward(name)[rows], y, pid)}
+    if "logprob" in pool.reward_names and name != "logprob":
+        out["logprob_auc"] = X.within_prompt_auc(pool.reward("logprob")[rows], y, pid)
+        out["met"] = bool(out["auc"] >= 0.65 and out["auc"] > out["logprob_auc"])
+    return out
+
+
 def _at(rows, method, n):
     return next((r for r in rows if r["method"] == method and r["n"] == n), None)
 
@@ -236,8 +250,8 @@ def headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary,
     itp_c = chosen.get(eps, {}).get("privitp")
     priv_c = _at(curve_rows, f"{LABELS['privitp']} eps={eps:g}", n_ref)
     if itp and priv_c:
-        out["privitp_at_target_vs_itp"] = {"gap_points": 100 * (itp["accuracy"] - priv_c["accuracy"]),
-                                           "beta": itp_c and itp_c["beta"]}
+        gap = 100 * (itp["accuracy"] - priv_c["accuracy"])
+        out["privitp_at_target_vs_itp"] = {"gap_points": gap, "beta": itp_c and itp_c["beta"], "met": bool(gap <= 2.0)}
     largest = max(r["n"] for r in curve_rows)
     bon_l = _at(curve_rows, "BoN", largest)
     best = None

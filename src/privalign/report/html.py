@@ -96,6 +96,8 @@ def sig3(v) -> str:
         return "n/a"
     if math.isinf(v):
         return "&infin;"
+    if v.is_integer() and abs(v) < 1e7:
+        return f"{int(v):,}"
     return f"{v:.3g}"
 
 
@@ -166,6 +168,12 @@ def render_reproduce(d: Path, settings: dict) -> str:
              f"epsilon = {sig3(eps)} per query; the base policy (one sample) is at {sig3(base)}. Bands: 95% "
              f"bootstrap intervals over test prompts.</i></p>")
     items = []
+    a = h.get("auc")
+    if a:
+        items.append(f"The reward model {html.escape(str(a['reward']))} ranks a prompt's correct answers above its wrong "
+                     f"ones with AUC {sig3(a['auc'])} on the test prompts"
+                     + (f" (the policy's log-probability alone: {sig3(a['logprob_auc'])}); target >= 0.65 and above "
+                        f"the log-probability: {_verdict(a['met'])}." if "logprob_auc" in a else "."))
     b = h.get("bon_lift")
     if b:
         items.append(f"Best-of-N's lift at n = {n}: {sig3(b['points'])} points (95% CI {sig3(b['ci'][0])} to "
@@ -182,8 +190,9 @@ def render_reproduce(d: Path, settings: dict) -> str:
                      f"per query; target within 2 points: {_verdict(q['met'])}.")
     q2 = h.get("privitp_at_target_vs_itp")
     if q2:
-        items.append(f"Constrained to epsilon = {sig3(eps)} per query, PrivITP is {sig3(q2['gap_points'])} points "
-                     f"below ITP at n = {n}.")
+        items.append(f"Constrained to epsilon = {sig3(eps)} per query (beta and the phase split chosen on held-out "
+                     f"prompts), PrivITP is {sig3(q2['gap_points'])} points below ITP at n = {n}; target within 2 "
+                     f"points: {_verdict(q2['met'])}.")
     r = h.get("regularisation")
     if r:
         items.append(f"At the largest n = {r['n']}, PrivBoN at epsilon = {sig3(r['epsilon'])} reaches "

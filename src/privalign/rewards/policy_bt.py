@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from scipy import special
 
+from ..evaluation.experiments import within_prompt_auc
 from .embedding_bt import CertifiedBT, fit_bt
 
 
@@ -183,26 +184,6 @@ def preference_rows(prompt_ids, correct, prompts: set, pairs_per_prompt: int, se
     return np.array(chosen, int), np.array(rejected, int)
 
 
-def heldout_auc(scores, correct, prompt_ids) -> float:
-    """Pairwise AUC within prompts: P(score(correct) > score(incorrect)) (+ ties/2) over all
-    (correct, incorrect) pairs of the same prompt, pooled."""
-    from scipy.stats import rankdata
-
-    pid = np.asarray(prompt_ids, str)
-    y = np.asarray(correct, float) >= 0.5
-    s = np.asarray(scores, float)
-    num = den = 0.0
-    for p in np.unique(pid):
-        m = pid == p
-        n1, n0 = int(y[m].sum()), int((~y[m]).sum())
-        if n1 == 0 or n0 == 0:
-            continue
-        r = rankdata(s[m])
-        num += r[y[m]].sum() - n1 * (n1 + 1) / 2
-        den += n1 * n0
-    return num / den if den else math.nan
-
-
 def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, n: int = 16, draws: int = 400,
                                seed: int = 0) -> float:
     """Mean accuracy of Gumbel PrivBoN (softmax at ``temperature`` over n candidates drawn with
@@ -221,14 +202,14 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
 
 
 def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = None, base_model: str = "smollm2",
-                    lambdas=(0.001, 0.003, 0.01, 0.03, 0.1), components=(8, 32), c: float = 0.8,
+                    lambdas=(0.01, 0.03, 0.1, 0.3, 1.0), components=(8, 16), cs=(0.6, 0.8, 0.95),
                     pairs_per_prompt: int = 16, pairs_per_person: int = 1, fit_fraction: float = 0.6,
                     target_epsilon: float = 1.0, n_select: int = 16, g_tol: float = 1e-9, seed: int = 0,
                     range_epsilon: float = 0.1, rng: np.random.Generator | None = None,
                     name: str = "policy-bt") -> tuple[PolicyBTReward, list[dict]]:
     """Train ``policy-bt`` on graded policy samples of the train prompts; returns (model, grid).
 
-    (q, lambda) is chosen on the validation prompts by the accuracy of Gumbel PrivBoN at
+    (q, c, lambda) is chosen on the validation prompts by the accuracy of Gumbel PrivBoN at
     ``target_epsilon`` per query and n = ``n_select`` (its noise follows from each candidate's own
     certified Delta_r), which weighs fit against the sensitivity that a small lambda costs; the
     within-prompt AUC and the log-probability's AUC are reported beside it. With
@@ -243,9 +224,9 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
     ci, ri = preference_rows(pid, y, fit_p, pairs_per_prompt, seed)
     if ci.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
-    lp_auc = heldout_auc(raw[is_val, -1], y[is_val], pid[is_val])
+    lp_auc = within_prompt_auc(raw[is_val, -1], y[is_val], pid[is_val])
     grid, best = [], None
-    for q in components:
+    for q, c in ((q, c) for q in components for c in cs):
         fmap = FeatureMap.fit(raw[is_val], q=q, c=c)
         phi = fmap(raw)
         d = phi[ci] - phi[ri]
@@ -254,9 +235,9 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
             model = PolicyBTReward(w, lam, d.shape[0], pairs_per_person, g_tol, fmap, base_model, task, name)
             s = phi[is_val] @ w
             temp = 2 * model.sensitivity / target_epsilon
-            row = {"components": q, "lambda": lam, "m": d.shape[0], "sensitivity": model.sensitivity,
+            row = {"components": q, "c": c, "lambda": lam, "m": d.shape[0], "sensitivity": model.sensitivity,
                    "range_width": model.output_range[1] - model.output_range[0],
-                   "val_auc": heldout_auc(s, y[is_val], pid[is_val]),
+                   "val_auc": within_prompt_auc(s, y[is_val], pid[is_val]),
                    "val_privbon_accuracy": softmax_selection_accuracy(s, y[is_val], pid[is_val], temp, n_select,
                                                                       seed=seed),
                    "val_bon_accuracy": softmax_selection_accuracy(s, y[is_val], pid[is_val], 1e-9, n_select,
@@ -275,8 +256,11 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
                   "val_auc": row["val_auc"], "val_logprob_auc": lp_auc,
                   "val_privbon_accuracy": row["val_privbon_accuracy"], "val_bon_accuracy": row["val_bon_accuracy"],
                   "val_base_accuracy": float(y[is_val].mean()), "train_pair_accuracy": row["train_pair_accuracy"],
-                  "achieved_grad_norm": row["achieved_grad_norm"], "components": row["components"],
-                  "lambda_on_grid_edge": row["lambda"] in (lo, hi) and lo < hi}
+                  "achieved_grad_norm": row["achieved_grad_norm"], "components": row["components"], "c": row["c"],
+                  "lambda_on_grid_edge": row["lambda"] in (lo, hi) and lo < hi,
+                  "on_grid_edge": [name for name, v, grid in (("q", row["components"], components), ("c", row["c"], cs),
+                                                              ("lambda", row["lambda"], lambdas))
+                                   if len(grid) > 1 and v in (min(grid), max(grid))]}
     return model, grid
 
 
