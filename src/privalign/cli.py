@@ -221,30 +221,11 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
 
 
 def _print_headline(out: Path) -> None:
+    from .report.html import headline_sentences
+
     h = json.loads((out / "headline.json").read_text())
-    n, eps = h["n_ref"], h["target_epsilon"]
-    lines = [f"wrote {out} (open {out}/report.html)", f"base accuracy {h['base_accuracy']:.3g}"]
-    if "auc" in h:
-        a = h["auc"]
-        lines.append(f"{a['reward']} AUC on test prompts {a['auc']:.3g}"
-                     + (f" (log-probability {a['logprob_auc']:.3g})" if "logprob_auc" in a else ""))
-    if "bon_lift" in h:
-        b = h["bon_lift"]
-        lines.append(f"BoN lift at n={n}: {b['points']:.3g} points (95% CI {b['ci'][0]:.3g} to {b['ci'][1]:.3g})")
-    if "privbon_keeps" in h:
-        k = h["privbon_keeps"]
-        lines.append(f"PrivBoN (Gumbel) at epsilon={eps:g}/query keeps {100 * k['share']:.3g}% of BoN's lift")
-    if "privitp_vs_itp" in h:
-        q = h["privitp_vs_itp"]
-        lines.append(f"PrivITP at held-out sigma={q['sigma']:g}: {q['gap_points']:.3g} points below ITP "
-                     f"(epsilon {q['epsilon']:.3g}/query)")
-    if "regularisation" in h:
-        r = h["regularisation"]
-        lines.append(f"largest n={r['n']}: PrivBoN (epsilon {r['epsilon']:g}) {r['privbon']:.3g} vs BoN {r['bon']:.3g}")
-    if "fsrc" in h:
-        f = h["fsrc"]
-        lines.append(f"FSRC answers {f['fsrc_queries']:.3g} queries vs {f['basic_queries']:.3g} basic ({f['ratio']:.3g}x)")
-    console.print("\n".join(lines))
+    console.print("\n".join([f"wrote {out} (open {out}/report.html); base accuracy {h['base_accuracy']:.3g}",
+                              *(f"- {line}" for line in headline_sentences(h))]))
 
 
 rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")

@@ -101,6 +101,48 @@ def sig3(v) -> str:
     return f"{v:.3g}"
 
 
+def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
+    """The reproduce headline (``headline.json``) as sentences, each measured figure with its target
+    and verdict; ``num`` formats numbers, ``verdict`` a met / not met flag (HTML or plain text)."""
+    num = num or (lambda v: f"{v:.3g}")
+    verdict = verdict or (lambda ok: "met" if ok else "NOT MET")
+    eps, n, out = h.get("target_epsilon", 1.0), h.get("n_ref", 16), []
+    a = h.get("auc")
+    if a:
+        out.append(f"The reward model {name(str(a['reward']))} ranks a prompt's correct answers above its wrong ones "
+                   f"with AUC {num(a['auc'])} on the test prompts"
+                   + (f" (the policy's log-probability alone: {num(a['logprob_auc'])}); target >= 0.65 and above the "
+                      f"log-probability: {verdict(a['met'])}." if "logprob_auc" in a else "."))
+    b = h.get("bon_lift")
+    if b:
+        out.append(f"Best-of-N's lift at n = {n}: {num(b['points'])} points (95% CI {num(b['ci'][0])} to "
+                   f"{num(b['ci'][1])}); the interval {'excludes' if b['excludes_zero'] else 'does not exclude'} 0.")
+    k = h.get("privbon_keeps")
+    if k:
+        out.append(f"Gumbel PrivBoN at epsilon = {num(eps)} per query keeps {num(100 * k['share'])}% of BoN's lift at "
+                   f"n = {n} ({num(k['privbon_lift'])} of {num(k['bon_lift'])} points); target 50%: {verdict(k['met'])}.")
+    q = h.get("privitp_vs_itp")
+    if q:
+        out.append(f"PrivITP at the held-out-chosen sigma = {num(q['sigma'])} (chosen for accuracy alone, as in the "
+                   f"paper) is {num(q['gap_points'])} points below ITP at n = {n}, at epsilon {num(q['epsilon'])} per "
+                   f"query; target within 2 points: {verdict(q['met'])}.")
+    q2 = h.get("privitp_at_target_vs_itp")
+    if q2:
+        out.append(f"Constrained to epsilon = {num(eps)} per query (beta and the phase split chosen on held-out "
+                   f"prompts), PrivITP is {num(q2['gap_points'])} points below ITP at n = {n}; target within 2 "
+                   f"points: {verdict(q2['met'])}.")
+    r = h.get("regularisation")
+    if r:
+        out.append(f"At the largest n = {r['n']}, PrivBoN at epsilon = {num(r['epsilon'])} reaches {num(r['privbon'])} "
+                   f"against BoN's {num(r['bon'])} ({num(r['difference_points'])} points); at least as accurate as "
+                   f"BoN: {verdict(r['met'])}.")
+    f = h.get("fsrc")
+    if f:
+        out.append(f"Under one budget, FSRC answers {num(f['fsrc_queries'])} PrivITP queries against "
+                   f"{num(f['basic_queries'])} for basic composition ({num(f['ratio'])}x): {verdict(f['met'])}.")
+    return out
+
+
 def _verdict(ok) -> str:
     return "<b style='color:#2a7'>met</b>" if ok else "<b style='color:#c33'>not met</b>"
 
@@ -167,41 +209,7 @@ def render_reproduce(d: Path, settings: dict) -> str:
     p.append(f"<p><i>Accuracy of each selection method as the number of candidates n grows, private methods at "
              f"epsilon = {sig3(eps)} per query; the base policy (one sample) is at {sig3(base)}. Bands: 95% "
              f"bootstrap intervals over test prompts.</i></p>")
-    items = []
-    a = h.get("auc")
-    if a:
-        items.append(f"The reward model {html.escape(str(a['reward']))} ranks a prompt's correct answers above its wrong "
-                     f"ones with AUC {sig3(a['auc'])} on the test prompts"
-                     + (f" (the policy's log-probability alone: {sig3(a['logprob_auc'])}); target >= 0.65 and above "
-                        f"the log-probability: {_verdict(a['met'])}." if "logprob_auc" in a else "."))
-    b = h.get("bon_lift")
-    if b:
-        items.append(f"Best-of-N's lift at n = {n}: {sig3(b['points'])} points (95% CI {sig3(b['ci'][0])} to "
-                     f"{sig3(b['ci'][1])}); the interval {'excludes' if b['excludes_zero'] else 'does not exclude'} 0.")
-    k = h.get("privbon_keeps")
-    if k:
-        items.append(f"Gumbel PrivBoN at epsilon = {sig3(eps)} per query keeps {sig3(100 * k['share'])}% of BoN's lift "
-                     f"at n = {n} ({sig3(k['privbon_lift'])} of {sig3(k['bon_lift'])} points); target 50%: "
-                     f"{_verdict(k['met'])}.")
-    q = h.get("privitp_vs_itp")
-    if q:
-        items.append(f"PrivITP at the held-out-chosen sigma = {sig3(q['sigma'])} (chosen for accuracy alone, as in the "
-                     f"paper) is {sig3(q['gap_points'])} points below ITP at n = {n}, at epsilon {sig3(q['epsilon'])} "
-                     f"per query; target within 2 points: {_verdict(q['met'])}.")
-    q2 = h.get("privitp_at_target_vs_itp")
-    if q2:
-        items.append(f"Constrained to epsilon = {sig3(eps)} per query (beta and the phase split chosen on held-out "
-                     f"prompts), PrivITP is {sig3(q2['gap_points'])} points below ITP at n = {n}; target within 2 "
-                     f"points: {_verdict(q2['met'])}.")
-    r = h.get("regularisation")
-    if r:
-        items.append(f"At the largest n = {r['n']}, PrivBoN at epsilon = {sig3(r['epsilon'])} reaches "
-                     f"{sig3(r['privbon'])} against BoN's {sig3(r['bon'])} ({sig3(r['difference_points'])} points); "
-                     f"at least as accurate as BoN: {_verdict(r['met'])}.")
-    f = h.get("fsrc")
-    if f:
-        items.append(f"Under one budget, FSRC answers {sig3(f['fsrc_queries'])} PrivITP queries against "
-                     f"{sig3(f['basic_queries'])} for basic composition ({sig3(f['ratio'])}x): {_verdict(f['met'])}.")
+    items = headline_sentences(h, num=sig3, verdict=_verdict, name=html.escape)
     edges = []
     for t, per in h.get("edges", {}).items():
         if t == "itp":

@@ -125,6 +125,15 @@ class CertifiedBT(RewardModel):
         self.output_range, self.range_epsilon = (-b, b), float(epsilon)
         return self.output_range
 
+    @staticmethod
+    def _write_json(path: str | Path, body: dict) -> Path:
+        """Write a trained model atomically (temporary file, then rename)."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        return path
+
     def certificate(self) -> dict:
         lo, hi = self.output_range
         return {"lambda": self.lam, "m": self.m, "pairs_per_person": self.k, "g_tol": self.g_tol,
@@ -158,15 +167,10 @@ class EmbeddingBTReward(CertifiedBT):
         return self.embedder([pair_text(p, r) for p, r in zip(prompts, responses)]) @ self.w
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        body = {"kind": "minilm-bt", "embedder": EMBEDDER, "lambda": self.lam, "m": self.m,
-                "pairs_per_person": self.k, "g_tol": self.g_tol, "sensitivity": self.sensitivity,
-                "output_range": list(self.output_range), "name": self.name, "meta": self.meta,
-                "w": self.w.tolist()}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
-        return path
+        return self._write_json(path, {"kind": "minilm-bt", "embedder": EMBEDDER, "lambda": self.lam, "m": self.m,
+                                       "pairs_per_person": self.k, "g_tol": self.g_tol, "sensitivity": self.sensitivity,
+                                       "output_range": list(self.output_range), "name": self.name, "meta": self.meta,
+                                       "w": self.w.tolist()})
 
     @classmethod
     def load(cls, path: str | Path, embedder: Embedder | None = None) -> "EmbeddingBTReward":

@@ -132,14 +132,10 @@ class PolicyBTReward(CertifiedBT):
         return out
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        body = {"kind": "policy-bt", "base_model": self.base_model, "task": self.task, "name": self.name,
-                **self.certificate(), "feature_map": self.feature_map.to_dict(), "meta": self.meta,
-                "w": self.w.tolist()}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
-        return path
+        return self._write_json(path, {"kind": "policy-bt", "base_model": self.base_model, "task": self.task,
+                                       "name": self.name, **self.certificate(),
+                                       "feature_map": self.feature_map.to_dict(), "meta": self.meta,
+                                       "w": self.w.tolist()})
 
     @classmethod
     def load(cls, path: str | Path) -> "PolicyBTReward":
