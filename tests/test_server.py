@@ -374,3 +374,45 @@ def test_failures_after_the_reservation_charge_the_worst_case_and_answer_5xx(tmp
     assert err.value.status == 500 and err.value.kind == "ledger_error"
     state = svc.ledger.budget("default")
     assert state.spent.epsilon == pytest.approx(1.0) and state.open == 0 and svc.ledger.check() == []
+
+
+def test_one_tenant_cannot_occupy_every_worker(tmp_path):
+    """Past max_inflight_per_tenant, a tenant's requests are refused (429, Retry-After, nothing
+    charged) while another tenant is still served."""
+    import threading as th
+
+    from privalign.server.app import ApiError, Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    gate, entered = th.Event(), th.Semaphore(0)
+
+    class Slow(StubGenerator):
+        def generate(self, *a, **kw):
+            entered.release()
+            gate.wait(30)
+            return super().generate(*a, **kw)
+
+    cfg = ServiceConfig.model_validate({
+        "ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"}, "max_inflight_per_tenant": 2,
+        "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1},
+        "clients": {"a-key": {"tenant": "a"}, "b-key": {"tenant": "b"}},
+        "budgets": [{"name": "a-rm", "tenant": "a", "epsilon_total": 10.0}, {"name": "b-rm", "tenant": "b",
+                                                                              "epsilon_total": 10.0}]})
+    svc = Service(cfg, generator=Slow())
+    ask = [{"role": "user", "content": "hi"}]
+    busy = [th.Thread(target=svc.answer, args=(ask, {"mechanism": "privbon"}, "a")) for _ in range(2)]
+    for t in busy:
+        t.start()
+    entered.acquire()
+    entered.acquire()
+    with pytest.raises(ApiError) as err:
+        svc.answer(ask, {"mechanism": "privbon"}, "a")
+    assert err.value.status == 429 and err.value.extra["retry_after"] == 1
+    assert svc.ledger.budget("a-rm").open == 2  # the refused request reserved nothing
+    other = th.Thread(target=svc.answer, args=(ask, {"mechanism": "privbon"}, "b"))
+    other.start()
+    entered.acquire()  # tenant b still gets in
+    gate.set()
+    for t in (*busy, other):
+        t.join()
+    assert svc.ledger.budget("a-rm").queries == 2 and svc.ledger.budget("b-rm").queries == 1

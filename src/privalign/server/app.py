@@ -127,6 +127,7 @@ class Service:
         self.gen_lock = threading.Lock()
         self.ledger_timings: list[float] = []  # seconds in ledger transactions per answered query
         self._tenant_of: dict[str, tuple] = {}
+        self._slots: dict[str | None, threading.BoundedSemaphore] = {}
         self._init_metrics()
 
     def _keepalive(self):
@@ -244,6 +245,17 @@ class Service:
             raise ApiError(400, "invalid_request", f"temperature must lie in (0, 2] (the candidates are samples of "
                                                    f"the policy), got {temperature!r}")
         o = self.options(ext, tenant)
+        slot = self._slots.setdefault(tenant, threading.BoundedSemaphore(self.cfg.max_inflight_per_tenant))
+        if not slot.acquire(blocking=False):
+            raise ApiError(429, "too_many_requests", f"this tenant already has {self.cfg.max_inflight_per_tenant} "
+                                                     "requests in flight; retry shortly (nothing was charged)",
+                           retry_after=1)
+        try:
+            return self._answer(messages, o, max_tokens, temperature, t0)
+        finally:
+            slot.release()
+
+    def _answer(self, messages, o, max_tokens, temperature, t0) -> dict:
         request_id = uuid.uuid4().hex
         t_l = time.perf_counter()
         try:

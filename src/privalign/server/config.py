@@ -6,6 +6,7 @@ admin_keys = ["change-me-admin"]           # without a config file, random keys 
 max_n = 64
 max_prompt_chars = 4000
 max_messages = 64
+max_inflight_per_tenant = 16             # one tenant's requests in flight; more get 429 + Retry-After
 # max_tokens_cap = 8                     # largest max_tokens a request may ask for (default: generator.max_new_tokens)
 
 [clients.change-me-client]              # API key -> tenant
@@ -108,6 +109,9 @@ class ServiceConfig(BaseModel):
     max_prompt_chars: int = Field(4000, ge=1)
     max_messages: int = Field(64, ge=1)
     max_tokens_cap: int | None = Field(None, ge=1)  # default: generator.max_new_tokens
+    # requests of one tenant in flight at once; more are refused (429, Retry-After, nothing charged), so
+    # one client cannot occupy every worker thread. With max_n and max_tokens_cap this bounds its work.
+    max_inflight_per_tenant: int = Field(16, ge=1)
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     mechanism: MechanismConfig = Field(default_factory=MechanismConfig)

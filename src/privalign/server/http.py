@@ -24,7 +24,8 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
         # a refusal for lack of budget is final: tell the stock openai client not to retry it
-        headers = {"x-should-retry": "false"} if exc.kind == "budget_exhausted" else None
+        headers = ({"x-should-retry": "false"} if exc.kind == "budget_exhausted" else
+                   {"retry-after": str(exc.extra["retry_after"])} if "retry_after" in exc.extra else None)
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(Exception)
