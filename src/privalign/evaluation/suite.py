@@ -83,6 +83,7 @@ def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=
 
 DEFAULT_POOL = "arithmetic-mix-smollm2.parquet"
 SHIPPED_POOLS = {"arithmetic-mix": "arithmetic-mix-smollm2.parquet", "mmlu-letters": "mmlu-letters-smollm2.parquet",
+                 "counting": "counting-smollm2.parquet",
                  "arithmetic": "arithmetic-smollm2.parquet", "addition": "addition-smollm2.parquet"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ from ..accounting.gaussian import gaussian_rnm_epsilon, gaussian_rnm_noise_scale
 from ..accounting.gumbel import gumbel_epsilon, gumbel_noise_scale
 from .selection import Selection
 
-NOISES = ("gumbel", "gaussian")
+NOISES = ("gumbel", "gaussian", "exact")
 
 
 def bon(rewards, *, rng: np.random.Generator | None = None) -> Selection:
@@ -37,6 +38,11 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
       (Gumbel-max). Pure epsilon = 2 Delta_r / sigma (Thm 3.1, the exponential mechanism). The
       Gumbel variables are drawn as g = -sigma log E with E ~ Exp(1) (same law, 3x faster).
     * ``noise="gaussian"``: g_i ~ N(0, sigma^2); pure epsilon from App. E eq. (26), depends on n.
+    * ``noise="exact"``: report-noisy-max with exponential noise of scale sigma, sampled exactly
+      (no floating-point noise: OpenDP's ``make_noisy_max``, in Rust, treats the scores as exact
+      rationals), pure epsilon = 2 Delta_r / sigma. Its law is permute-and-flip (McKenna & Sheldon
+      2020), not softmax: at the same epsilon it is never less accurate. Needs the ``secure``
+      extra (``pip install opendp``); ``rng`` is not used (OpenDP draws from the OS).
 
     Give exactly one of ``epsilon`` and ``noise_scale``. ``sensitivity=None`` uses the width of
     ``reward_range`` (always valid).
@@ -61,6 +67,11 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
             e[e == 0] = gen.standard_exponential(int(np.count_nonzero(e == 0)))
         gumbel = np.log(e)
         index = int(np.argmax(np.subtract(r * (1.0 / sigma), gumbel, out=gumbel)))
+    elif noise == "exact":
+        if noise_scale is None:
+            noise_scale = gumbel_noise_scale(epsilon, delta_r)  # the same calibration: 2 Delta_r / epsilon
+        sigma = check_positive("noise_scale", noise_scale)
+        index, eps = exact_noisy_max(r, sigma, delta_r)
     else:
         if noise_scale is None:
             noise_scale = gaussian_rnm_noise_scale(epsilon, delta_r, r_max, n)
@@ -69,3 +80,21 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
         index = int(np.argmax(r + sigma * as_generator(rng).standard_normal(n)))
     return Selection(index=index, mechanism=f"privbon-{noise}", epsilon=eps, n=n,
                      noise_scale=sigma, n_clipped=n_clipped)
+
+
+def exact_noisy_max(scores: np.ndarray, scale: float, sensitivity: float) -> tuple[int, float]:
+    """OpenDP's exact report-noisy-max (exponential noise, max divergence): (index, its epsilon for
+    an L-infinity input distance of ``sensitivity``, as OpenDP's own privacy map states it)."""
+    meas = _noisy_max(float(scale))
+    return int(meas([float(v) for v in scores])), float(meas.map(float(sensitivity)))
+
+
+@functools.lru_cache(maxsize=64)
+def _noisy_max(scale: float):
+    try:
+        import opendp.prelude as dp
+    except ImportError as e:  # pragma: no cover - the secure extra is part of the test install
+        raise ImportError("noise='exact' needs OpenDP: pip install 'privalign[secure]'") from e
+    dp.enable_features("contrib")
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float)
+    return dp.m.make_noisy_max(*space, dp.max_divergence(), scale=scale)

@@ -348,7 +348,8 @@ class Service:
         first = [g.text for g in self._generate(messages, n, max_tokens, temperature)]
         r1 = self._scores(messages, first)
         if o["mechanism"] == "privbon":
-            sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range)
+            sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range,
+                            noise=self.cfg.mechanism.privbon_noise)
             return first[sel.index], sel, n
         phase2: list[str] = []
 

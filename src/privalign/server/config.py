@@ -26,6 +26,7 @@ sensitivity = 0.4                       # Delta_r in score units (default: the r
 
 [mechanism]
 name = "privitp"                        # privbon | privitp
+privbon_noise = "gumbel"                # gumbel | exact (OpenDP's exact sampler, the secure extra)
 n = 16
 epsilon = 1.0                           # privbon: pure epsilon (or give noise_scale)
 beta = 0.05                             # privitp, in score units
@@ -76,6 +77,9 @@ class RewardConfig(BaseModel):
 
 class MechanismConfig(BaseModel):
     name: Literal["privbon", "privitp"] = "privitp"
+    # privbon's sampler: "gumbel" (softmax law, fast) or "exact" (OpenDP's exact report-noisy-max,
+    # permute-and-flip law, no floating-point noise; the same epsilon = 2 Delta_r / sigma)
+    privbon_noise: Literal["gumbel", "exact"] = "gumbel"
     n: int = Field(16, ge=1)
     epsilon: float | None = Field(1.0, gt=0)
     noise_scale: float | None = Field(None, gt=0)

@@ -129,3 +129,30 @@ class ArithmeticMix(Arithmetic):
         for q, a in MIX_EXAMPLES[op]:
             msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         return msgs + [{"role": "user", "content": problem.question}]
+
+
+# ---------------------------------------------------------------- counting
+COUNTING_EXAMPLES = [("What number comes after 36?", "37"), ("What number comes after 119?", "120")]
+COUNTING_TEST = 300
+
+
+class Counting(Arithmetic):
+    """``counting``: "What number comes after a?" for a in 10..459 (448 problems without the two worked
+    examples: 300 test, 148 train), asked after two worked examples, answered with a number.
+    SmolLM2-135M at temperature 1: about 29% mean accuracy in a pilot (20 prompts x 16 samples),
+    three quarters of prompts in [5%, 60%], and its own log-probability picks a right answer out of
+    16 samples more than half the time, so selection has a lot to gain."""
+
+    def __init__(self):
+        self.name = "counting"
+        self.examples = COUNTING_EXAMPLES
+
+    def load(self, split: str = "test", limit: int | None = None) -> list[Problem]:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        seen = {q for q, _ in COUNTING_EXAMPLES}
+        values = [a for a in range(10, 460) if f"What number comes after {a}?" not in seen]
+        order = np.random.default_rng(20261203).permutation(len(values))
+        picked = order[:COUNTING_TEST] if split == "test" else order[COUNTING_TEST:]
+        return [Problem(id=f"{self.name}-{split}-{i}", question=f"What number comes after {values[k]}?",
+                        reference=str(values[k] + 1), meta={"a": values[k]}) for i, k in enumerate(picked[:limit])]
