@@ -148,3 +148,19 @@ def test_real_policy_features_match_between_sampling_and_teacher_forcing(tmp_pat
     assert np.allclose(scored.columns["reward:policy-bt"], model.score_features(raw))
     assert scored.metadata["default_reward"] == "policy-bt"
     assert scored.metadata["reward_model_info"]["policy-bt"]["certificate"]["m"] == 100
+
+
+def test_empirical_audit_has_power_on_bon_and_stays_below_the_claims():
+    from privalign.audit import audit, clopper_pearson, epsilon_lower_bound
+
+    lo, hi = clopper_pearson(0, 1000)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 1000))
+    assert epsilon_lower_bound(1000, 0, 1000) > 5 and epsilon_lower_bound(500, 500, 1000) == 0.0
+    pid, y, raw = synthetic_pool()
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(0.1,), components=(4,), seed=0, range_epsilon=0.0)
+    res = audit(model, raw, pid, y, epsilon=1.0, runs=20_000, seed=0)
+    assert res["realised_sensitivity"] <= res["certified_sensitivity"]
+    rows = {r["mechanism"]: r for r in res["rows"]}
+    assert rows["bon"]["epsilon_lower_bound"] >= 3  # the canary flips BoN's choice: the attack has power
+    for mech in ("privbon", "privbon-gaussian", "privitp"):
+        assert rows[mech]["epsilon_lower_bound"] <= rows[mech]["claimed_epsilon"]

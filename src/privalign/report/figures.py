@@ -153,3 +153,22 @@ def stream_bars(summary: list[dict], out: Path, name: str = "fsrc_stream") -> li
                      f"queries at worst case epsilon {s['epsilon_max']:.3g}", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, out, name)
+
+
+def audit_bars(rows: list[dict], out: Path, name: str = "audit") -> list[str]:
+    """Empirical 95% lower bounds on epsilon against each mechanism's claim."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    x = np.arange(len(rows))
+    ax.bar(x, [r["epsilon_lower_bound"] for r in rows], color=[COLORS.get(r["mechanism"], "#777") for r in rows],
+           label="95% lower bound (Clopper-Pearson)")
+    for i, r in enumerate(rows):
+        if np.isfinite(r["claimed_epsilon"]):
+            ax.plot([i - 0.4, i + 0.4], [r["claimed_epsilon"]] * 2, color="k", lw=1.5,
+                    label="claimed epsilon" if i == 1 else None)
+    ax.set_xticks(x, [LABELS.get(r["mechanism"], r["mechanism"]) for r in rows], fontsize=8)
+    ax.set_ylabel("epsilon")
+    ax.set_title(f"Empirical audit, {rows[0]['runs_per_side']:,} runs per side" if rows else "audit", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out, name)

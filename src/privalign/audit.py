@@ -1,0 +1,115 @@
+"""An empirical privacy audit of private selection on a certified reward model (``privalign audit``).
+
+The attack (a distinguishing test between neighbouring preference data sets):
+
+1. D is the reward model's own preference data (rebuilt from its train pool). The auditor picks two
+   candidates a, b among the train samples whose scores are closest (b just below a) and a canary
+   pair that moves s(b) - s(a) the most: phi+ - phi- = 2 (phi_b - phi_a) / ||phi_b - phi_a||, the
+   largest difference a pair with ||phi|| <= 1 can have. D' is D with one person's pair replaced
+   by the canary; the model is retrained on each (the same lambda, solver and tolerance).
+2. Each mechanism is run ``runs`` times on the fixed candidate set {a, b} scored by each model, and
+   the distinguishing event {b is selected} is checked on a separate batch to point the right
+   way (D' over D or the reverse).
+3. With k' and k successes in ``runs`` trials under D' and D, the 95% lower bound on epsilon is
+   log((CP_lo(k') - delta) / CP_hi(k)), Clopper-Pearson bounds at level 0.025 each (delta = 0 for
+   pure mechanisms, the per-query delta for PrivITP).
+
+BoN, which is not private, must give a large lower bound (the attack has power); every private
+mechanism's must stay below its claimed epsilon. The realised max |r_D - r_D'| over the train
+samples is reported beside the certified Delta_r.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from . import accounting as A
+from . import mechanisms as M
+from .rewards.embedding_bt import fit_bt
+from .rewards.policy_bt import PolicyBTReward, training_differences
+
+
+def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Two-sided (1 - alpha) Clopper-Pearson interval for a binomial proportion k / n."""
+    lo = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi
+
+
+def epsilon_lower_bound(k_hi: int, k_lo: int, runs: int, delta: float = 0.0, alpha: float = 0.05) -> float:
+    """95% lower bound on epsilon from k_hi successes (the side the event favours) and k_lo."""
+    p_hi = clopper_pearson(k_hi, runs, alpha)[0]
+    p_lo = clopper_pearson(k_lo, runs, alpha)[1]
+    return max(math.log((p_hi - delta) / p_lo), 0.0) if p_hi - delta > 0 else 0.0
+
+
+def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
+    d = training_differences(model, raw, prompt_ids, correct)
+    phi = model.feature_map(raw)
+    w_d, _ = fit_bt(d, model.lam, model.g_tol)
+    s = phi @ w_d
+    order = np.argsort(s)
+    gaps = np.diff(s[order])
+    ok = np.flatnonzero((gaps > 0) & (np.linalg.norm(phi[order[1:]] - phi[order[:-1]], axis=1) > 1e-9))
+    j = ok[np.argmin(gaps[ok])]
+    b, a = order[j], order[j + 1]  # s(b) just below s(a)
+    u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
+    d2 = d.copy()
+    d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
+    w_d2, _ = fit_bt(d2, model.lam, model.g_tol)
+    return phi, w_d, w_d2, a, b
+
+
+def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, delta: float,
+          rng: np.random.Generator) -> np.ndarray:
+    """Whether b (candidate 1) was selected, in each of ``runs`` independent runs."""
+    lo, hi = model.output_range
+    x = (np.clip(scores, lo, hi) - lo) / (hi - lo)  # [0, 1], as every mechanism maps the declared range
+    sens = model.sensitivity / (hi - lo)
+    if mechanism == "bon":
+        return np.full(runs, x[1] > x[0])
+    if mechanism == "privbon":
+        sigma = A.gumbel_noise_scale(epsilon, sens)
+        g = -np.log(rng.standard_exponential((runs, 2)))
+        return np.argmax(x / sigma + g, axis=1) == 1
+    if mechanism == "privbon-gaussian":
+        sigma = A.gaussian_rnm_noise_scale(epsilon, sens, 1.0, 2)
+        return np.argmax(x + sigma * rng.standard_normal((runs, 2)), axis=1) == 1
+    if mechanism == "privitp":
+        sx, sz = A.privitp_noise_scales(epsilon, delta, 2, 0.05, sens, 1.0)
+        out = np.empty(runs, bool)
+        for i in range(runs):
+            sel = M.privitp(x, x, beta=0.05, sigma_x=sx, sigma_z=sz, delta=delta, sensitivity=sens, rng=rng)
+            out[i] = sel.index == 1
+        return out
+    raise ValueError(f"mechanism must be bon, privbon, privbon-gaussian or privitp, got {mechanism!r}")
+
+
+def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1.0, delta: float = 1e-5,
+          runs: int = 200_000, mechanisms=("bon", "privbon", "privbon-gaussian", "privitp"),
+          seed: int | None = None) -> dict:
+    """Run the audit; returns the realised sensitivity and one row per mechanism."""
+    phi, w_d, w_d2, a, b = _canary_setting(model, raw, prompt_ids, correct)
+    realised = float(np.max(np.abs(phi @ (w_d - w_d2))))
+    cand = phi[[a, b]]
+    rng = np.random.default_rng(seed)
+    rows = []
+    for mech in mechanisms:
+        claimed = math.inf if mech == "bon" else epsilon
+        dl = delta if mech == "privitp" else 0.0
+        mech_runs = runs
+        pilot = max(mech_runs // 10, 100)
+        # the separate batch decides which way the event points
+        p_d = _runs(mech, cand @ w_d, pilot, model, epsilon, dl, rng).mean()
+        p_d2 = _runs(mech, cand @ w_d2, pilot, model, epsilon, dl, rng).mean()
+        k_d = int(_runs(mech, cand @ w_d, mech_runs, model, epsilon, dl, rng).sum())
+        k_d2 = int(_runs(mech, cand @ w_d2, mech_runs, model, epsilon, dl, rng).sum())
+        hi, lo = (k_d2, k_d) if p_d2 >= p_d else (k_d, k_d2)
+        rows.append({"mechanism": mech, "claimed_epsilon": claimed, "delta": dl, "runs_per_side": mech_runs,
+                     "successes_D": k_d, "successes_D_prime": k_d2,
+                     "epsilon_lower_bound": epsilon_lower_bound(hi, lo, mech_runs, dl)})
+    return {"certified_sensitivity": model.sensitivity, "realised_sensitivity": realised,
+            "score_gap": float(cand[0] @ w_d - cand[1] @ w_d), "rows": rows}
