@@ -3,8 +3,8 @@
 The attack (a distinguishing test between neighbouring preference data sets):
 
 1. D is the reward model's own preference data (rebuilt from its train pool). The auditor picks two
-   candidates a, b among the train samples whose scores are closest (b just below a) and a canary
-   pair that moves s(b) - s(a) the most: phi+ - phi- = 2 (phi_b - phi_a) / ||phi_b - phi_a||, the
+   candidates a, b among the train samples, b just below a, as far apart in feature space as a
+   score gap within one person's reach allows, and a canary pair that moves s(b) - s(a) the most: phi+ - phi- = 2 (phi_b - phi_a) / ||phi_b - phi_a||, the
    largest difference a pair with ||phi|| <= 1 can have. D' is D with one person's pair replaced
    by the canary; the model is retrained on each (the same lambda, solver and tolerance).
 2. Each mechanism is run ``runs`` times on the fixed candidate set {a, b} scored by each model, and
@@ -51,16 +51,32 @@ def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
     phi = model.feature_map(raw)
     w_d, _ = fit_bt(d, model.lam, model.g_tol)
     s = phi @ w_d
+
+    def with_canary(a, b):
+        u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
+        d2 = d.copy()
+        d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
+        return fit_bt(d2, model.lam, model.g_tol)[0]
+
+    # first choice: the pair whose features differ most (so the canary moves their gap most) among
+    # pairs whose score gap is well inside one person's reach, on a fixed subsample
+    sub = np.random.default_rng(0).permutation(s.size)[:1500]
+    gap = s[sub][:, None] - s[sub][None, :]
+    dist = np.linalg.norm(phi[sub][:, None, :] - phi[sub][None, :, :], axis=2)
+    ok = (gap > 0) & (gap < 0.2 * model.sensitivity * dist)
+    if ok.any():
+        i, j = np.unravel_index(np.argmax(np.where(ok, dist, -1.0)), ok.shape)
+        a, b = sub[i], sub[j]  # s(b) just below s(a), far apart in feature space
+        w_d2 = with_canary(a, b)
+        if phi[b] @ w_d2 > phi[a] @ w_d2:  # the canary flips their order: BoN is caught
+            return phi, w_d, w_d2, a, b
+    # otherwise the closest distinct pair
     order = np.argsort(s)
     gaps = np.diff(s[order])
-    ok = np.flatnonzero((gaps > 0) & (np.linalg.norm(phi[order[1:]] - phi[order[:-1]], axis=1) > 1e-9))
-    j = ok[np.argmin(gaps[ok])]
-    b, a = order[j], order[j + 1]  # s(b) just below s(a)
-    u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
-    d2 = d.copy()
-    d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
-    w_d2, _ = fit_bt(d2, model.lam, model.g_tol)
-    return phi, w_d, w_d2, a, b
+    good = np.flatnonzero((gaps > 0) & (np.linalg.norm(phi[order[1:]] - phi[order[:-1]], axis=1) > 1e-9))
+    k = good[np.argmin(gaps[good])]
+    b, a = order[k], order[k + 1]
+    return phi, w_d, with_canary(a, b), a, b
 
 
 def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, delta: float,
