@@ -183,7 +183,7 @@ def report(results: Path = typer.Argument(..., help="results directory")):
 @app.command()
 def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded arithmetic-mix pool)"),
               task: Optional[str] = typer.Option(None, help="use the embedded pool of this task "
-                                                            "(arithmetic-mix, mmlu-letters, arithmetic, addition)"),
+                                                            "(counting, arithmetic-mix, mmlu-letters, arithmetic, addition)"),
               reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's default)"),
               targets: str = typer.Option("1,4", help="target epsilons per query (worst case)"),
               replicates: int = typer.Option(50),

@@ -81,7 +81,7 @@ def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=
     return Path(out)
 
 
-DEFAULT_POOL = "arithmetic-mix-smollm2.parquet"
+DEFAULT_POOL = "counting-smollm2.parquet"
 SHIPPED_POOLS = {"arithmetic-mix": "arithmetic-mix-smollm2.parquet", "mmlu-letters": "mmlu-letters-smollm2.parquet",
                  "counting": "counting-smollm2.parquet",
                  "arithmetic": "arithmetic-smollm2.parquet", "addition": "addition-smollm2.parquet"}
@@ -90,7 +90,7 @@ SHIPPED_POOLS = {"arithmetic-mix": "arithmetic-mix-smollm2.parquet", "mmlu-lette
 def default_pool(task: str | None = None) -> tuple[Pool, str]:
     """An embedded real pool (SmolLM2-135M-Instruct samples, graded, scored by certified reward
     models; docs/experiments.md has the commands that rebuild each): the one of ``task``, by
-    default ``arithmetic-mix`` with its ``policy-bt`` reward."""
+    default ``counting`` with its ``policy-bt`` reward."""
     from importlib import resources
 
     from ..pools import load_pool
