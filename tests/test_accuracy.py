@@ -1,7 +1,6 @@
 """The accountant against 100+-digit references: relative error < 1e-6, and never below."""
 
 import itertools
-import math
 
 import numpy as np
 import pytest

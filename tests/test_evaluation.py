@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from privalign import theory
 from privalign.evaluation import EvalSettings, evaluate

@@ -1,10 +1,8 @@
 """Pools (Parquet, JSONL, the authors' layout, validation) and the command line contract."""
 
 import json
-import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -12,7 +12,7 @@ def worked_example(seed: int = 0) -> str:
     rng = np.random.default_rng(seed)
     n, beta, delta = 16, 0.05, 1e-2
     phase1, phase2 = rng.beta(5, 2, n), rng.beta(5, 2, n)
-    lines = [f"16 candidates with reward-model scores in [0, 1] (Delta_r = 1, the assumption-free default):",
+    lines = ["16 candidates with reward-model scores in [0, 1] (Delta_r = 1, the assumption-free default):",
              "  " + " ".join(f"{x:.2f}" for x in phase2), ""]
     lines.append(f"{'mechanism':<22}{'choice':>8}{'score':>8}{'epsilon':>10}{'delta':>8}  notes")
 

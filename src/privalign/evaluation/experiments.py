@@ -15,10 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import accounting as A
-from ..mechanisms import privitp
 from ..pools import GroupedPool
-from .harness import EvalSettings, evaluate, prepare
+from .harness import EvalSettings, evaluate
 
 SIGMA_GRID = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 BETA_GRID = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5)

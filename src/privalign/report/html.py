@@ -203,7 +203,7 @@ def render_reproduce(d: Path, settings: dict) -> str:
              "<th>delta per query</th><th>queries answered in one total budget</th>"
              f"<th>accuracy at n = {n}</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     base = h.get("base_accuracy")
-    p.append(f"<h2>Headline</h2>")
+    p.append("<h2>Headline</h2>")
     if (d / "headline.png").exists():
         p.append(_img(d / "headline.png"))
     p.append(f"<p><i>Accuracy of each selection method as the number of candidates n grows, private methods at "
