@@ -146,5 +146,19 @@ def test_cli_routine_mistakes_are_one_line_errors(tmp_path):
         res = runner.invoke(app, ["evaluate", str(pool), *args, "--out", str(tmp_path / "out")])
         assert res.exit_code == 2 and words in " ".join(res.output.split()), res.output
         assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 3
+    res = runner.invoke(app, ["evaluate", str(pool), "--without-replacement", "--n", "1,64", "--out",
+                              str(tmp_path / "out")])
+    assert res.exit_code == 2 and "without replacement" in " ".join(res.output.split())
     res = runner.invoke(app, ["reproduce", "--task", "no-such-task", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "no shipped pool" in res.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_id": "a", "sample_id": 0, "true_reward": 1, "reward:x": 0.5}\n{not json\n')
+    notparquet = tmp_path / "p2.parquet"
+    notparquet.write_text("hello")
+    for args, code, words in ((["pool", "validate", str(bad)], 1, "line 2 is not valid JSON"),
+                              (["pool", "info", str(bad)], 2, "line 2 is not valid JSON"),
+                              (["evaluate", str(bad), "--out", str(tmp_path / "o")], 2, "bad.jsonl"),
+                              (["pool", "info", str(notparquet)], 2, "not a readable Parquet file")):
+        res = runner.invoke(app, args)
+        out = " ".join(res.output.split())
+        assert res.exit_code == code and words in out and "Traceback" not in out, (args, res.output)

@@ -523,8 +523,9 @@ def pool_validate(pool: Path):
 
     try:
         p = load_pool(pool, validate=False)
-    except Exception as e:  # unreadable file
-        _fail(str(e))
+    except Exception as e:  # unreadable file: invalid, as documented (exit 1)
+        console.print(f"[red]{pool} is invalid:[/red] {e}")
+        raise typer.Exit(1)
     problems = p.problems()
     if problems:
         console.print(f"[red]{pool} is invalid:[/red]")

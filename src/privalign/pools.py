@@ -231,7 +231,15 @@ def load_pool(path: str | Path, validate: bool = True) -> Pool:
     if not path.exists():
         raise PoolError(f"pool file not found: {path}")
     if path.suffix in (".jsonl", ".json"):
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise PoolError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno}); "
+                                "a JSONL pool has one JSON object per line") from None
         if records and "responses" in records[0]:
             cols = _from_authors_layout(records)
             meta = {"source_format": "authors-jsonl", "source": str(path.name), "true_reward_source": "grader"}
@@ -242,7 +250,11 @@ def load_pool(path: str | Path, validate: bool = True) -> Pool:
     else:
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for a file that is not Parquet
+            raise PoolError(f"{path} is not a readable Parquet file ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:160]}); pools are Parquet, or JSONL with a .jsonl suffix") from None
         raw = (table.schema.metadata or {}).get(b"privalign")
         meta = json.loads(raw) if raw else {}
         cols = {}
