@@ -149,6 +149,9 @@ def test_cli_routine_mistakes_are_one_line_errors(tmp_path):
     res = runner.invoke(app, ["evaluate", str(pool), "--without-replacement", "--n", "1,64", "--out",
                               str(tmp_path / "out")])
     assert res.exit_code == 2 and "without replacement" in " ".join(res.output.split())
+    res = runner.invoke(app, ["evaluate", str(pool), "--reward-range", "5,6", "--n", "1,2", "--replicates", "2",
+                              "--out", str(tmp_path / "clipped")])
+    assert res.exit_code == 0 and "100% of the scores lie outside --reward-range" in " ".join(res.output.split())
     res = runner.invoke(app, ["reproduce", "--task", "no-such-task", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "no shipped pool" in res.output
     bad = tmp_path / "bad.jsonl"

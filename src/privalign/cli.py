@@ -46,6 +46,9 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     return tuple(seq)
 
 
+CLIP_WARNING = 0.05  # share of scores outside a declared range above which evaluate warns
+
+
 def _version(value: bool):
     if value:
         from . import __version__
@@ -158,6 +161,12 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
 
     if reward is not None and reward not in p.reward_names:
         _fail(f"--reward {reward!r} is not a reward column of {pool}; it has {p.reward_names}")
+    if rr is not None and normalisation == "none":
+        scores = np.asarray(p.reward(reward), float)
+        share = float(np.mean((scores < rr[0]) | (scores > rr[1])))
+        if share > CLIP_WARNING:
+            console.print(f"[yellow]warning:[/yellow] {share:.0%} of the scores lie outside --reward-range "
+                          f"{reward_range} and are clipped to it (ties at the edges weaken every selection)")
     try:
         with _progress() as bar:
             task = bar.add_task("prompts", total=None)
