@@ -143,6 +143,12 @@ def bootstrap_ci(values: np.ndarray, reps: int = 2000, seed: int = 0, level: flo
     return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
 
 
+def _measure(pool: GroupedPool, label: str, algo: str, eps: float, n: int, s: EvalSettings) -> dict:
+    """Run one (method, n) on ``pool`` and summarise it as a table row."""
+    _, per, base_acc = _accuracy(pool, s)
+    return _row(label, algo, eps, n, per, base_acc, s, s.seed)
+
+
 def _row(label, algo, eps, n, per, base_acc, s, seed):
     lift = 100.0 * (per - base_acc)
     lo, hi = bootstrap_ci(per, seed=seed)
@@ -170,28 +176,25 @@ def curves(test: GroupedPool, base: EvalSettings, chosen: dict, targets, n_grid)
     """Accuracy and lift versus n on the evaluation prompts, with 95% bootstrap intervals."""
     rows = []
     for n in n_grid:
-        for algo in ("bon", "itp"):
-            s = method_settings(base, algo, None, n, chosen)
-            _, per, b = _accuracy(test, s)
-            rows.append(_row(LABELS[algo], algo, math.inf, n, per, b, s, base.seed))
+        rows += _baselines(test, base, chosen, n)
         for eps in targets:
             for algo in PRIVATE:
-                if algo not in chosen.get(eps, {}):
-                    continue
-                s = method_settings(base, algo, eps, n, chosen)
-                _, per, b = _accuracy(test, s)
-                rows.append(_row(f"{LABELS[algo]} eps={eps:g}", algo, eps, n, per, b, s, base.seed))
+                if algo in chosen.get(eps, {}):
+                    rows.append(_measure(test, f"{LABELS[algo]} eps={eps:g}", algo, eps, n,
+                                         method_settings(base, algo, eps, n, chosen)))
     return rows
+
+
+def _baselines(test: GroupedPool, base: EvalSettings, chosen: dict, n: int) -> list[dict]:
+    """BoN and ITP (not private) at n."""
+    return [_measure(test, LABELS[algo], algo, math.inf, n, method_settings(base, algo, None, n, chosen))
+            for algo in ("bon", "itp")]
 
 
 def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilons, n: int = 16,
                     tuned_at: float = 1.0) -> list[dict]:
     """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``."""
-    rows = []
-    for algo in ("bon", "itp"):
-        s = method_settings(base, algo, None, n, chosen)
-        _, per, b = _accuracy(test, s)
-        rows.append(_row(LABELS[algo], algo, math.inf, n, per, b, s, base.seed))
+    rows = _baselines(test, base, chosen, n)
     c = chosen.get(tuned_at, {}).get("privitp")
     for eps in epsilons:
         for algo in PRIVATE:
@@ -204,8 +207,7 @@ def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilon
                     s = calibrate(base, algo, eps, n)
             except ValueError:
                 continue
-            _, per, b = _accuracy(test, s)
-            rows.append(_row(LABELS[algo], algo, eps, n, per, b, s, base.seed))
+            rows.append(_measure(test, LABELS[algo], algo, eps, n, s))
     return rows
 
 

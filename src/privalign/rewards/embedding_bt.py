@@ -143,8 +143,9 @@ class CertifiedBT(RewardModel):
 
 class EmbeddingBTReward(CertifiedBT):
     def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
-                 embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None):
-        super().__init__(w, lam, m, pairs_per_person, g_tol)
+                 embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None,
+                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0):
+        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon)
         self.embedder = embedder or Embedder()
         self.name, self.meta = name, meta or {}
 
@@ -169,8 +170,8 @@ class EmbeddingBTReward(CertifiedBT):
     def save(self, path: str | Path) -> Path:
         return self._write_json(path, {"kind": "minilm-bt", "embedder": EMBEDDER, "lambda": self.lam, "m": self.m,
                                        "pairs_per_person": self.k, "g_tol": self.g_tol, "sensitivity": self.sensitivity,
-                                       "output_range": list(self.output_range), "name": self.name, "meta": self.meta,
-                                       "w": self.w.tolist()})
+                                       "output_range": list(self.output_range), "range_epsilon": self.range_epsilon,
+                                       "name": self.name, "meta": self.meta, "w": self.w.tolist()})
 
     @classmethod
     def load(cls, path: str | Path, embedder: Embedder | None = None) -> "EmbeddingBTReward":
@@ -178,7 +179,8 @@ class EmbeddingBTReward(CertifiedBT):
         if body.get("kind") != "minilm-bt":
             raise ValueError(f"{path} is not a minilm-bt reward model")
         return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
-                   embedder, body.get("name", "minilm-bt"), body.get("meta"))
+                   embedder, body.get("name", "minilm-bt"), body.get("meta"), body.get("output_range"),
+                   body.get("range_epsilon", 0.0))
 
 
 def bt_output_range(lam: float, g_tol: float = 0.0) -> tuple[float, float]:

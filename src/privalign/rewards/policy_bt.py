@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import special
 
 from ..evaluation.experiments import within_prompt_auc
+from ..evaluation.laws import softmax_rows
 from .embedding_bt import CertifiedBT, fit_bt
 
 
@@ -192,7 +192,7 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
     for p in np.unique(pid):
         rows = np.flatnonzero(pid == p)
         pick = rows[rng.integers(0, rows.size, (draws, n))]
-        prob = special.softmax(s[pick] / temperature, axis=1) if temperature > 0 else None
+        prob = softmax_rows(s[pick], temperature)
         accs.append(float(np.mean((prob * y[pick]).sum(axis=1))))
     return float(np.mean(accs))
 
