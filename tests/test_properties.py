@@ -1,6 +1,7 @@
 """Property tests (hypothesis): invariances, monotonicity, limits, and the lambda equation."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -86,8 +87,8 @@ def test_privbon_tends_to_bon_as_noise_vanishes(r, seed):
     sigma = gap / 200
     assert np.allclose(theory.privbon_law(r, sigma), theory.bon_law(r), atol=1e-40 + np.exp(-150))
     assert pa.privbon(r, noise_scale=sigma, rng=np.random.default_rng(seed)).index == int(np.argmax(r))
-    assert pa.privbon(r, noise_scale=sigma / 10, noise="gaussian",
-                      rng=np.random.default_rng(seed)).index == int(np.argmax(r))
+    with pytest.raises(ValueError, match="R/sigma"):  # the float normal sampler's support is too narrow
+        pa.privbon(r, noise_scale=sigma / 10, noise="gaussian", rng=np.random.default_rng(seed))
 
 
 @settings(max_examples=200, deadline=None)
@@ -113,8 +114,26 @@ def test_regression_extreme_small_gaussian_noise():
     # found by hypothesis: sigma ~ 5e-10 made log phi - log Phi cancel catastrophically (overflow)
     # and the quadrature meaningless; both are handled, and epsilon stays monotone in sigma
     for r in ([0.0, 1e-6], [0.0, 1.0, 1e-6]):
-        assert pa.privbon(r, noise_scale=5e-10, noise="gaussian", rng=np.random.default_rng(0)).index == int(np.argmax(r))
+        with pytest.raises(ValueError, match="infinite privacy loss"):  # refused: beyond the sampler's support
+            pa.privbon(r, noise_scale=5e-10, noise="gaussian", rng=np.random.default_rng(0))
     eps = [A.gaussian_rnm_epsilon(s, 1.0, 1.0, 3) for s in (5e-10, 1e-7, 1e-5, 1e-3, 1e-1)]
     assert all(a > b for a, b in zip(eps, eps[1:]))
     # extreme regime: log I(m) ~ -k m^2 / (2 (k + 1)) at m = R/sigma = 2e9, k = 2, and log I(-m) ~ 0
     assert abs(eps[0] / (4 / 3 * 1e18) - 1) < 1e-6
+
+
+def test_gaussian_privbon_is_refused_beyond_the_float_samplers_support():
+    """numpy's normal sampler returns |z| <= 12.2258, so on a range R with R/sigma > 24.45 an index can be
+    possible on one input and impossible on its neighbour (infinite loss): the mechanism refuses."""
+    from privalign.accounting.gaussian import SAMPLER_NORMAL_BOUND
+
+    assert abs(SAMPLER_NORMAL_BOUND - 12.2258) < 1e-4
+    rng = np.random.default_rng(0)
+    assert abs(rng.standard_normal(10**6)).max() < SAMPLER_NORMAL_BOUND
+    edge = 1.0 / (2 * SAMPLER_NORMAL_BOUND)
+    assert pa.privbon([0.0, 1.0], noise_scale=edge * 1.0001, noise="gaussian", rng=rng).noise_scale > edge
+    with pytest.raises(ValueError, match="noise_scale >= 0.0409"):
+        pa.privbon([0.0, 1.0], noise_scale=edge * 0.9999, noise="gaussian", rng=rng)
+    with pytest.raises(ValueError, match="R/sigma = 31.6"):  # the issue's case: epsilon 1, n = 2, Delta/R = 1e-3
+        pa.privbon([0.0, 1.0], epsilon=1.0, sensitivity=1e-3, noise="gaussian", rng=rng)
+    assert pa.privbon([0.5], noise_scale=1e-9, noise="gaussian", rng=rng).index == 0  # one candidate: no noise

@@ -144,6 +144,26 @@ def gaussian_rnm_epsilon(noise_scale: float, sensitivity: float, r_max: float, n
 
 _RATIO_CEILING = 1e150
 
+# numpy's Generator.standard_normal (ziggurat, 256 layers, any bit generator) returns |z| <= r + x
+# with tail draws x = -log1p(-u) / r accepted only when 2 y > x^2, y = -log1p(-u') <= 53 ln 2:
+# |z| <= r + sqrt(2 * 53 ln 2), r = 3.654152885361009 (the last layer's edge). An index whose gap
+# to the best score exceeds 2 sigma |z|_max is never selected, so where the declared range allows
+# such gaps (R / sigma > 2 |z|_max) two neighbouring inputs can differ in whether an index is
+# possible at all: an infinite privacy loss, which no pure epsilon covers.
+SAMPLER_NORMAL_BOUND = 3.654152885361009 + math.sqrt(2 * 53 * math.log(2))  # 12.2258...
+
+
+def check_gaussian_sampler_support(noise_scale: float, r_max: float) -> None:
+    """Refuse Gaussian report-noisy-max where the float sampler's bounded support breaks pure DP:
+    ``r_max / noise_scale > 2 * SAMPLER_NORMAL_BOUND`` (about 24.45)."""
+    if r_max / noise_scale > 2 * SAMPLER_NORMAL_BOUND:
+        raise ValueError(
+            f"noise_scale={noise_scale!r} is too small for Gaussian noise on a reward range of width {r_max!r}: "
+            f"R/sigma = {r_max / noise_scale:.4g} exceeds {2 * SAMPLER_NORMAL_BOUND:.4g}, twice the bound of "
+            f"numpy's normal sampler (|z| <= {SAMPLER_NORMAL_BOUND:.4f}), so some neighbouring inputs have an "
+            f"infinite privacy loss; use noise='gumbel' or 'exact', or noise_scale >= "
+            f"{r_max / (2 * SAMPLER_NORMAL_BOUND):.4g}")
+
 
 def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n: int) -> float:
     """Smallest Gaussian std for which report-noisy-max over ``n`` scores is ``epsilon``-DP.
