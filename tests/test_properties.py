@@ -134,6 +134,10 @@ def test_gaussian_privbon_is_refused_beyond_the_float_samplers_support():
     assert pa.privbon([0.0, 1.0], noise_scale=edge * 1.0001, noise="gaussian", rng=rng).noise_scale > edge
     with pytest.raises(ValueError, match="noise_scale >= 0.0409"):
         pa.privbon([0.0, 1.0], noise_scale=edge * 0.9999, noise="gaussian", rng=rng)
-    with pytest.raises(ValueError, match="R/sigma = 31.6"):  # the case: epsilon 1, n = 2, Delta/R = 1e-3
-        pa.privbon([0.0, 1.0], epsilon=1.0, sensitivity=1e-3, noise="gaussian", rng=rng)
+    # the case (epsilon 1, n = 2, Delta/R = 1e-3 calibrates R/sigma = 31.6): calibration stops at the
+    # floor, and the selection reports the lower epsilon it achieves there
+    sel = pa.privbon([0.0, 1.0], epsilon=1.0, sensitivity=1e-3, noise="gaussian", rng=rng)
+    assert sel.noise_scale == pytest.approx(edge) and sel.noise_scale >= edge and sel.epsilon < 1.0
+    assert sel.epsilon == A.gaussian_rnm_epsilon(sel.noise_scale, 1e-3, 1.0, 2)
+    assert A.privbon_noise_scale(1.0, 1e-3, noise="gaussian", n=2, r_max=1.0) == sel.noise_scale
     assert pa.privbon([0.5], noise_scale=1e-9, noise="gaussian", rng=rng).index == 0  # one candidate: no noise

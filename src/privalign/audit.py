@@ -92,7 +92,7 @@ def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, 
         g = -np.log(rng.standard_exponential((runs, 2)))
         return np.argmax(x / sigma + g, axis=1) == 1
     if mechanism == "privbon-gaussian":
-        sigma = A.gaussian_rnm_noise_scale(epsilon, sens, 1.0, 2)
+        sigma = _gaussian_sigma(epsilon, sens)
         return np.argmax(x + sigma * rng.standard_normal((runs, 2)), axis=1) == 1
     if mechanism == "privitp":
         sx, sz = A.privitp_noise_scales(epsilon, delta, 2, 0.05, sens, 1.0)
@@ -104,6 +104,12 @@ def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, 
     raise ValueError(f"mechanism must be bon, privbon, privbon-gaussian or privitp, got {mechanism!r}")
 
 
+def _gaussian_sigma(epsilon: float, sens: float) -> float:
+    """Gaussian PrivBoN's noise on [0, 1] at ``epsilon``, as ``privbon`` calibrates it (never below the
+    float sampler's floor, where the achieved epsilon, and so the claim, is lower)."""
+    return A.privbon_noise_scale(epsilon, sens, noise="gaussian", n=2, r_max=1.0)
+
+
 def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1.0, delta: float = 1e-5,
           runs: int = 200_000, mechanisms=("bon", "privbon", "privbon-gaussian", "privitp"),
           seed: int | None = None) -> dict:
@@ -111,10 +117,14 @@ def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1
     phi, w_d, w_d2, a, b = _canary_setting(model, raw, prompt_ids, correct)
     realised = float(np.max(np.abs(phi @ (w_d - w_d2))))
     cand = phi[[a, b]]
+    lo, hi = model.output_range
+    sens = model.sensitivity / (hi - lo)
     rng = np.random.default_rng(seed)
     rows = []
     for mech in mechanisms:
-        claimed = math.inf if mech == "bon" else epsilon
+        claimed = (math.inf if mech == "bon" else
+                   A.gaussian_rnm_epsilon(_gaussian_sigma(epsilon, sens), sens, 1.0, 2) if mech == "privbon-gaussian"
+                   else epsilon)
         dl = delta if mech == "privitp" else 0.0
         mech_runs = runs
         pilot = max(mech_runs // 10, 100)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from .._validation import check_count, check_positive
-from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale
+from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale, gaussian_sampler_floor
 from .gumbel import gumbel_noise_scale
 from ._rounding import smallest_scale
 from .privitp import default_truncation, privitp_epsilon_max
@@ -19,13 +19,18 @@ from .privitp import default_truncation, privitp_epsilon_max
 
 def privbon_noise_scale(epsilon: float, sensitivity: float, *, noise: str = "gumbel",
                         n: int | None = None, r_max: float | None = None) -> float:
-    """Noise scale for PrivBoN at pure ``epsilon`` (Gaussian noise also needs ``n`` and ``r_max``)."""
+    """Noise scale for PrivBoN at pure ``epsilon`` (Gaussian noise also needs ``n`` and ``r_max``).
+
+    Gaussian noise is never calibrated below ``gaussian_sampler_floor(r_max)`` (R/sigma <= 24.45, the
+    float sampler's support); where the floor binds, the achieved epsilon is below the target."""
     if noise == "gumbel":
         return gumbel_noise_scale(epsilon, sensitivity)
     if noise == "gaussian":
         if n is None or r_max is None:
             raise ValueError("noise='gaussian' needs n and r_max: its epsilon depends on both (App. E)")
-        return gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n)
+        if n == 1:
+            return gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n)
+        return max(gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n), gaussian_sampler_floor(r_max))
     raise ValueError(f"noise must be 'gumbel' or 'gaussian', got {noise!r}")
 
 

@@ -163,8 +163,8 @@ def audit_bars(rows: list[dict], out: Path, name: str = "audit") -> list[str]:
     ax.bar(x, [r["epsilon_lower_bound"] for r in rows], color=[COLORS.get(r["mechanism"], "#777") for r in rows],
            label="95% lower bound (Clopper-Pearson)")
     for i, r in enumerate(rows):
-        if np.isfinite(r["claimed_epsilon"]):
-            ax.plot([i - 0.4, i + 0.4], [r["claimed_epsilon"]] * 2, color="k", lw=1.5,
+        if np.isfinite(float(r["claimed_epsilon"])):  # "inf" once read back from JSON
+            ax.plot([i - 0.4, i + 0.4], [float(r["claimed_epsilon"])] * 2, color="k", lw=1.5,
                     label="claimed epsilon" if i == 1 else None)
     ax.set_xticks(x, [LABELS.get(r["mechanism"], r["mechanism"]) for r in rows], fontsize=8)
     ax.set_ylabel("epsilon")

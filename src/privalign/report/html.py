@@ -151,6 +151,35 @@ def _details(title: str, body: str) -> str:
     return f"<details><summary>{html.escape(title)}</summary>{body}</details>"
 
 
+def _audit_section(d: Path) -> str:
+    """The empirical privacy audit (``privalign audit``) of the reward model, when one is attached."""
+    a = json.loads((d / "audit.json").read_text())
+    names = {"bon": "BoN (not private)", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",
+             "privitp": "PrivITP"}
+    rows = "".join(
+        f"<tr><td>{names.get(r['mechanism'], html.escape(r['mechanism']))}</td><td>{sig3(r['claimed_epsilon'])}</td>"
+        f"<td>{sig3(r['delta'])}</td><td>{sig3(r['epsilon_lower_bound'])}</td>"
+        f"<td>{r['successes_D']:,} vs {r['successes_D_prime']:,} of {r['runs_per_side']:,}</td></tr>"
+        for r in a["rows"])
+    private = [r for r in a["rows"] if r["mechanism"] != "bon"]
+    holds = all(r["epsilon_lower_bound"] <= float(r["claimed_epsilon"]) for r in private)
+    bon = next((r for r in a["rows"] if r["mechanism"] == "bon"), None)
+    text = (f"A canary person in the reward model's preference data, the model retrained with and without it, each "
+            f"mechanism run many times on the candidate pair the canary moves most; 95% Clopper-Pearson lower bounds "
+            f"on epsilon. The realised score change was {sig3(a['realised_sensitivity'])} against the certified "
+            f"Delta_r = {sig3(a['certified_sensitivity'])}. "
+            + (f"The attack has power: BoN's lower bound is {sig3(bon['epsilon_lower_bound'])}. " if bon else "")
+            + ("Every private mechanism's lower bound stays at or below its claim." if holds else
+               "<b>A private mechanism's lower bound exceeds its claim.</b>")
+            + " A lower bound far below the claim means the claim is not violated, not that it is tight.")
+    img = _img(d / "audit.png") if (d / "audit.png").exists() else ""
+    return (f"<h2>Empirical privacy audit</h2>{img}<p>{text}</p><table><thead><tr><th>mechanism</th>"
+            "<th>claimed epsilon</th><th>delta</th><th>95% lower bound</th><th>target selections, D vs D'</th>"
+            f"</tr></thead><tbody>{rows}</tbody></table><p><i>Model {html.escape(str(a.get('model', '?')))}; "
+            f"command: <code>privalign audit --model ... --pool TRAIN_POOL --runs "
+            f"{a['rows'][0]['runs_per_side'] if a['rows'] else '?'}</code> (docs/accounting.md).</i></p>")
+
+
 def render_reproduce(d: Path, settings: dict) -> str:
     """The reproduce report: a narrative first screen, then every figure, raw tables collapsed."""
     h = json.loads((d / "headline.json").read_text())
@@ -233,6 +262,8 @@ def render_reproduce(d: Path, settings: dict) -> str:
                                                         "budget is spent; bars: mean (min-max) over seeds.")):
         if (d / f"{fig}.png").exists():
             p.append(f"<h2>{title}</h2>" + _img(d / f"{fig}.png") + f"<p><i>{caption}</i></p>")
+    if (d / "audit.json").exists():
+        p.append(_audit_section(d))
     p.append("<h2>Raw tables</h2>")
     for name, title in (("summary.csv", "Accuracy versus n (test prompts)"), ("tuning.csv", "Tuning (held-out prompts)"),
                         ("privacy_utility.csv", "Privacy-utility"), ("noise_sweep.csv", "ITP versus PrivITP"),
