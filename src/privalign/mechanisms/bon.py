@@ -14,7 +14,8 @@ from .._validation import (
     check_sensitivity,
     prepare_rewards,
 )
-from ..accounting.gaussian import check_gaussian_sampler_support, gaussian_rnm_epsilon, gaussian_rnm_noise_scale
+from ..accounting.calibration import privbon_noise_scale
+from ..accounting.gaussian import check_gaussian_sampler_support, gaussian_rnm_epsilon
 from ..accounting.gumbel import gumbel_epsilon, gumbel_noise_scale
 from .selection import Selection
 
@@ -38,8 +39,9 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
       (Gumbel-max). Pure epsilon = 2 Delta_r / sigma (Thm 3.1, the exponential mechanism). The
       Gumbel variables are drawn as g = -sigma log E with E ~ Exp(1) (same law, 3x faster).
     * ``noise="gaussian"``: g_i ~ N(0, sigma^2); pure epsilon from App. E eq. (26), depends on n.
-      Refused (ValueError) where R/sigma > 24.45: numpy's normal sampler is bounded (|z| <= 12.2258),
-      so wider gaps make some indices impossible on one input and possible on its neighbour.
+      A ``noise_scale`` with R/sigma > 24.45 is refused (ValueError): numpy's normal sampler is bounded
+      (|z| <= 12.2258), so wider gaps make some indices impossible on one input and possible on its
+      neighbour; calibration from ``epsilon`` stops at that floor (the achieved epsilon is then lower).
     * ``noise="exact"``: report-noisy-max with exponential noise of scale sigma, sampled exactly
       (no floating-point noise: OpenDP's ``make_noisy_max``, in Rust, treats the scores as exact
       rationals), pure epsilon = 2 Delta_r / sigma. Its law is permute-and-flip (McKenna & Sheldon
@@ -76,7 +78,7 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
         index, eps = exact_noisy_max(r, sigma, delta_r)
     else:
         if noise_scale is None:
-            noise_scale = gaussian_rnm_noise_scale(epsilon, delta_r, r_max, n)
+            noise_scale = privbon_noise_scale(epsilon, delta_r, noise="gaussian", n=n, r_max=r_max)
         sigma = check_positive("noise_scale", noise_scale)
         if n > 1:
             check_gaussian_sampler_support(sigma, r_max)
