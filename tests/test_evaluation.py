@@ -142,7 +142,8 @@ def test_batched_laws_match_single_set_laws():
     # the harness's ITP law: lazily examined sequential law over the batched acceptance probabilities
     lam = laws.lambda_rows(x, 0.1)[:, None]
     parts, law_parts, fb, _ = laws.sequential_lazy(
-        x.shape[1], x.shape[0], lambda a, b: (None, laws.itp_acceptance_rows(x[:, a:b], lam, 1.0)), first=4)
+        x.shape[1], x.shape[0], lambda a, b, live: (None, laws.itp_acceptance_rows(x[live, a:b], lam[live], 1.0)),
+        first=4)
     law = np.concatenate(law_parts, axis=1)
     for k, row in enumerate(x):
         p, f = theory.itp_law(row, 0.1)
@@ -163,3 +164,66 @@ def test_bad_settings_are_refused():
                      ({"normalisation": "minmax"}, "normalisation"), ({"estimator": "x"}, "estimator")]:
         with pytest.raises(ValueError, match=name):
             EvalSettings(**kw).check()
+
+
+# ---------------------------------------------------------------- executors: identical results
+@pytest.fixture(scope="module")
+def small_pool():
+    return simulate("hackable", 13, 400, seed=9).grouped()
+
+
+def _settings(estimator, **kw):
+    return EvalSettings(algorithms=("bon", "privbon", "privbon-gaussian", "itp", "privitp"), n_grid=(1, 4, 128),
+                        replicates=20 if estimator == "exact" else 4, estimator=estimator, seed=5, **kw)
+
+
+@pytest.mark.parametrize("estimator", ["exact", "mc"])
+def test_two_workers_give_the_single_worker_result_bit_for_bit(small_pool, estimator, monkeypatch):
+    from privalign.evaluation import parallel
+
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_WORK", 0)  # a pool even for this small run
+    one = evaluate(small_pool, _settings(estimator))
+    assert parallel.local_processes(small_pool.n_prompts, _settings(estimator, workers=2)) == 2
+    seen = []
+    two = evaluate(small_pool, _settings(estimator, workers=2), progress=lambda d, t: seen.append((d, t)))
+    assert np.array_equal(one.per_prompt, two.per_prompt, equal_nan=True)  # NaN: halting time of non-ITP
+    assert np.array_equal(one.base, two.base)
+    assert seen[-1] == (13, 13) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_a_prompt_result_does_not_depend_on_the_other_prompts(small_pool):
+    s = _settings("exact", reward_range=(-3.0, 4.0))  # a declared range: the subset maps scores alike
+    whole = evaluate(small_pool, s)
+    part = evaluate(small_pool.subset(np.arange(5)), s)
+    assert np.array_equal(whole.per_prompt[:, :, :5], part.per_prompt, equal_nan=True)
+
+
+def test_small_runs_and_one_worker_start_no_processes(small_pool):
+    from privalign.evaluation import parallel
+
+    assert parallel.local_processes(small_pool.n_prompts, _settings("exact", workers=1)) == 1
+    small = EvalSettings(n_grid=(1, 4, 16), replicates=20, workers=4)
+    assert parallel.local_processes(small_pool.n_prompts, small) == 1  # too little work to repay a pool
+    assert parallel.local_processes(1319, EvalSettings(workers=2)) == 2  # the full grid
+    assert parallel.shards(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]
+    assert parallel.shards(3, 8) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_dask_cluster_gives_the_local_result_bit_for_bit(small_pool):
+    distributed = pytest.importorskip("distributed")
+    local = evaluate(small_pool, _settings("exact"))
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+        seen = []
+        remote = evaluate(small_pool, _settings("exact", executor="dask", scheduler=cluster.scheduler_address),
+                          progress=lambda d, t: seen.append(d))
+    assert np.array_equal(local.per_prompt, remote.per_prompt, equal_nan=True)
+    assert np.array_equal(local.base, remote.base)
+    assert seen[-1] == 13
+
+
+def test_bad_execution_settings_are_refused():
+    for kw, name in [({"workers": 0}, "workers"), ({"executor": "ray"}, "executor"),
+                     ({"executor": "dask"}, "scheduler"), ({"seed": -1}, "seed")]:
+        with pytest.raises(ValueError, match=name):
+            EvalSettings(**kw).check()
+    assert "workers" not in EvalSettings(workers=3).as_dict()  # execution does not change the results

@@ -94,10 +94,10 @@ def _check_lambda_tilde(lambda_tilde, r_max: float) -> np.ndarray:
 def _terms(lt: np.ndarray, sigma_z: float, delta_r: float, r_max: float, L: float):
     b = r_max + sigma_z * L - lt
     c = b / sigma_z
-    kappa = (log_mean_ndtr((lt - r_max + delta_r) / sigma_z, c)
-             - log_mean_ndtr((lt - r_max) / sigma_z, c))
-    accept = (log_mean_ndtr((delta_r - lt - b) / sigma_z, c)
-              - log_mean_ndtr((-lt - b) / sigma_z, c))
+    a = np.stack([(lt - r_max + delta_r) / sigma_z, (lt - r_max) / sigma_z,
+                  (delta_r - lt - b) / sigma_z, (-lt - b) / sigma_z])
+    m = log_mean_ndtr(a, np.broadcast_to(c, a.shape))  # one call: elementwise, as four calls
+    kappa, accept = m[0] - m[1], m[2] - m[3]
     # where the tails defeat float64 (sigma_Z or Delta_r extreme) the terms are reported as infinite
     kappa, accept = np.where(np.isnan(kappa), np.inf, kappa), np.where(np.isnan(accept), np.inf, accept)
     return np.maximum(kappa, 0.0), np.maximum(accept, 0.0)

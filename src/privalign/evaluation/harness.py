@@ -3,6 +3,8 @@
 Per prompt, per n, per algorithm, each of ``replicates`` replicates draws n candidates from the
 prompt's pool (PrivITP: two independent batches), with replacement by default. Per-prompt metrics
 are means over replicates; the summary reports their mean and standard error across prompts.
+Prompt k draws from its own generator, seeded by (seed, k), so shards of prompts can run anywhere
+(``evaluation.parallel``: processes or a Dask cluster) with results identical to one process's.
 
 Estimators
     ``"exact"`` (default): the exact selection law of each mechanism given its candidates
@@ -39,6 +41,7 @@ ALGORITHMS = ("bon", "privbon", "privbon-gaussian", "itp", "privitp")
 NORMALISATIONS = ("none", "global", "per-prompt")
 METRICS = ("accuracy", "proxy_reward", "win_rate", "true_win_rate", "hacking_gap", "halting_time", "epsilon")
 DEFAULT_N_GRID = tuple(2 ** k for k in range(13))
+EXECUTORS = ("local", "dask")
 
 
 @dataclass
@@ -60,6 +63,10 @@ class EvalSettings:
     estimator: str = "exact"
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    # Execution only: results are identical for every choice (each prompt has its own generator).
+    workers: int | None = 1           # local processes; None: every usable core
+    executor: str = "local"           # "local" (process pool) or "dask" (a running Dask cluster)
+    scheduler: str | None = None      # the Dask scheduler's address, e.g. tcp://host:8786
 
     def check(self) -> "EvalSettings":
         bad = [a for a in self.algorithms if a not in ALGORITHMS]
@@ -78,6 +85,14 @@ class EvalSettings:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         if self.estimator not in ("exact", "mc"):
             raise ValueError(f"estimator must be 'exact' or 'mc', got {self.estimator!r}")
+        if int(self.seed) != self.seed or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.workers is not None and (int(self.workers) != self.workers or self.workers < 1):
+            raise ValueError(f"workers must be a positive integer, got {self.workers!r}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
+        if self.executor == "dask" and not self.scheduler:
+            raise ValueError("the dask executor needs a scheduler address (e.g. tcp://host:8786)")
         return self
 
     @property
@@ -89,33 +104,49 @@ class EvalSettings:
         return self.sigma / 2 if self.sigma_z is None else self.sigma_z
 
     def as_dict(self) -> dict:
+        """The settings that determine the results (the execution fields are left out)."""
         d = asdict(self)
+        for name in ("workers", "executor", "scheduler"):
+            d.pop(name)
         d.update(sigma_x=self.sx, sigma_z=self.sz)
         return d
 
 
 @dataclass
 class PreparedPool:
-    """Per-sample arrays used by the harness, grouped by prompt."""
+    """Per-sample arrays used by the harness, grouped by prompt (read-only once prepared)."""
 
     pool: GroupedPool
     x: np.ndarray          # selection score: normalised, clipped to the range, mapped to [0, 1]
-    values: np.ndarray     # (S_total, 4): true, raw proxy, win, true win
     r_max: float
     reward_range: tuple[float, float]
-    base: np.ndarray       # (P, 4): base-policy mean of the values per prompt
+
+    def scores(self, k: int) -> np.ndarray:
+        return self.x[self.pool.offsets[k]:self.pool.offsets[k + 1]]
 
     def prompt(self, k: int):
+        """(x, values, base) of prompt k: values (S, 4) are true, raw proxy, win, true win; base (4,)
+        is their base-policy mean. The win columns are computed here, per prompt, so that they are
+        computed by whichever worker runs the prompt."""
         a, b = self.pool.offsets[k], self.pool.offsets[k + 1]
-        return self.x[a:b], self.values[a:b]
+        values = np.empty((b - a, 4))
+        values[:, 0] = self.pool.true[a:b]
+        values[:, 1] = self.pool.proxy[a:b]
+        values[:, 2] = _mid_ranks(values[:, 1])
+        values[:, 3] = _mid_ranks(values[:, 0])
+        return self.x[a:b], values, values.sum(axis=0) / (b - a)
 
 
 def _mid_ranks(v: np.ndarray) -> np.ndarray:
-    """(#{v_j < v_i} + #{v_j = v_i} / 2) / S for each i."""
-    s = np.sort(v)
-    lo = np.searchsorted(s, v, side="left")
-    hi = np.searchsorted(s, v, side="right")
-    return (lo + 0.5 * (hi - lo)) / v.size
+    """(#{v_j < v_i} + #{v_j = v_i} / 2) / S for each i: one sort, ties grouped."""
+    S = v.size
+    order = np.argsort(v)
+    s = v[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    counts = np.diff(np.r_[starts, S])
+    out = np.empty(S)
+    out[order] = np.repeat(starts + 0.5 * counts, counts) / S
+    return out
 
 
 def prepare(pool: GroupedPool, settings: EvalSettings) -> PreparedPool:
@@ -135,15 +166,7 @@ def prepare(pool: GroupedPool, settings: EvalSettings) -> PreparedPool:
     # The declared range is mapped affinely to [0, 1] (R_max = 1), so sigma, beta and the
     # sensitivity are in units of the range, as in the paper where rewards lie in [0, 1].
     x = (np.clip(z, lo, hi) - lo) / (hi - lo)
-    values = np.empty((proxy.size, 4))
-    values[:, 0] = pool.true
-    values[:, 1] = proxy
-    for k in range(pool.n_prompts):
-        a, b = pool.offsets[k], pool.offsets[k + 1]
-        values[a:b, 2] = _mid_ranks(proxy[a:b])
-        values[a:b, 3] = _mid_ranks(pool.true[a:b])
-    base = np.add.reduceat(values, starts, axis=0) / sizes[:, None]
-    return PreparedPool(pool, x, values, 1.0, (lo, hi), base)
+    return PreparedPool(pool, x, 1.0, (lo, hi))
 
 
 def _draw(rng, S: int, M_: int, n: int, replace: bool) -> np.ndarray:
@@ -154,18 +177,20 @@ def _draw(rng, S: int, M_: int, n: int, replace: bool) -> np.ndarray:
     return np.argsort(rng.random((M_, S)), axis=1)[:, :n]
 
 
-def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
-                rng: np.random.Generator) -> np.ndarray:
-    """Metrics of one (prompt, algorithm, n): vector of len(METRICS)."""
-    x, vals = prep.prompt(k)
+def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.ndarray, algo: str, n: int,
+                s: EvalSettings, rng: np.random.Generator, pending: list | None = None) -> np.ndarray:
+    """Metrics of one (prompt, algorithm, n): vector of len(METRICS).
+
+    PrivITP with a ``pending`` list: its epsilon is Phase 1's only, and the record that gives
+    E[epsilon_2] is appended to ``pending`` (see ``_privitp_epsilon2``).
+    """
     S = x.size
-    base = prep.base[k]
     delta_r = prep.r_max if s.sensitivity is None else s.sensitivity
     L = A.default_truncation(n) if s.truncation is None else s.truncation
     out = np.full(len(METRICS), np.nan)
 
     if s.estimator == "mc":
-        return _per_prompt_mc(prep, k, algo, n, s, rng, delta_r, L)
+        return _per_prompt_mc(prep, x, vals, algo, n, s, rng, delta_r, L)
 
     M_ = s.replicates
     idx = _draw(rng, S, M_, n, s.replace)
@@ -190,8 +215,8 @@ def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
     elif algo == "itp":
         lam = laws.lambda_rows(xc, s.beta)[:, None]
 
-        def itp_chunk(a, b):
-            return idx[:, a:b], laws.itp_acceptance_rows(xc[:, a:b], lam, prep.r_max)
+        def itp_chunk(a, b, live):
+            return idx[live, a:b], laws.itp_acceptance_rows(xc[live, a:b], lam[live], prep.r_max)
 
         parts, law_parts, fb, t = laws.sequential_lazy(n, M_, itp_chunk)
         ev = expectation(parts, law_parts, fb.sum())
@@ -202,25 +227,40 @@ def _per_prompt(prep: PreparedPool, k: int, algo: str, n: int, s: EvalSettings,
         lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
         idx2_full = None if s.replace else _draw(rng, S, M_, n, False)
 
-        def privitp_chunk(a, b):  # the second batch is drawn lazily, as the mechanism generates it
-            i2 = rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b]
-            return i2, laws.privitp_acceptance_rows(x[i2], lam_t, s.sz, prep.r_max, L)
+        def privitp_chunk(a, b, live):  # the second batch is drawn lazily, as the mechanism generates it
+            i2 = (rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b])[live]
+            return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L)
 
         parts, law_parts, fb, t = laws.sequential_lazy(n, M_, privitp_chunk)
         ev = expectation(parts, law_parts, fb.sum())
         halting = t.mean()
-        eps2 = laws.privitp_epsilon2_rows(lam_t, t - fb * (n + 1), fb, n, sigma_z=s.sz, sensitivity=delta_r,
-                                          r_max=prep.r_max, truncation=L)
-        out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta) + eps2.mean()
+        out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta)
+        record = (lam_t, t - fb * (n + 1), fb, n, L)
+        if pending is None:
+            out[6] += _privitp_epsilon2(prep, s, [record])[0].mean()
+        else:  # the caller adds E[epsilon_2] for every n of the prompt at once
+            pending.append(record)
     out[:4] = ev
     out[4] = ev[1] - ev[0]
     out[5] = halting
     return out
 
 
-def _bon_exact(prep: PreparedPool, k: int, s: EvalSettings) -> np.ndarray:
+def _privitp_epsilon2(prep: PreparedPool, s: EvalSettings, records) -> list[np.ndarray]:
+    """E[epsilon_2^post] per replicate for several (lambda~, halting, fallback, n, L) records in one
+    accountant call (the call's fixed cost dominates at 50 replicates)."""
+    delta_r = prep.r_max if s.sensitivity is None else s.sensitivity
+    sizes = [r[0].size for r in records]
+    lam, halting, fallback = (np.concatenate([r[i] for r in records]) for i in range(3))
+    n = np.concatenate([np.full(k, r[3]) for k, r in zip(sizes, records)])
+    L = np.concatenate([np.full(k, r[4], dtype=float) for k, r in zip(sizes, records)])
+    eps2 = laws.privitp_epsilon2_rows(lam, halting, fallback, n, sigma_z=s.sz, sensitivity=delta_r,
+                                      r_max=prep.r_max, truncation=L)
+    return np.split(eps2, np.cumsum(sizes)[:-1])
+
+
+def _bon_exact(x: np.ndarray, vals: np.ndarray, s: EvalSettings) -> np.ndarray:
     """BoN's closed form under resampling for the whole n grid at once."""
-    x, vals = prep.prompt(k)
     out = np.full((len(s.n_grid), len(METRICS)), np.nan)
     out[:, :4] = laws.bon_exact(x, vals, s.n_grid, replace=s.replace)
     out[:, 4] = out[:, 1] - out[:, 0]
@@ -228,9 +268,8 @@ def _bon_exact(prep: PreparedPool, k: int, s: EvalSettings) -> np.ndarray:
     return out
 
 
-def _per_prompt_mc(prep, k, algo, n, s, rng, delta_r, L) -> np.ndarray:
+def _per_prompt_mc(prep, x, vals, algo, n, s, rng, delta_r, L) -> np.ndarray:
     """Plain Monte Carlo with the real mechanisms: one selection per replicate."""
-    x, vals = prep.prompt(k)
     S = x.size
     rr = (0.0, prep.r_max)
     acc = np.zeros(4)
@@ -298,21 +337,42 @@ class EvalResult:
         return rows
 
 
-def evaluate(pool: GroupedPool, settings: EvalSettings, progress: Callable[[int, int], None] | None = None
-             ) -> EvalResult:
-    """Run the harness; ``progress(done, total)`` is called after each prompt."""
-    s = settings.check()
-    prep = prepare(pool, s)
-    rng = np.random.default_rng(s.seed)
-    P = pool.n_prompts
-    out = np.empty((len(s.algorithms), len(s.n_grid), P, len(METRICS)))
-    for k in range(P):
+def prompt_generator(seed: int, k: int) -> np.random.Generator:
+    """Prompt k's own generator: a function of (seed, k) only, so any sharding of the prompts
+    (processes, Dask tasks) reproduces a single worker's results bit for bit."""
+    return np.random.default_rng([int(seed), int(k)])
+
+
+def evaluate_prompts(prep: PreparedPool, s: EvalSettings, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prompts lo..hi-1: (metrics (algorithms, n_grid, hi - lo, metrics), base (hi - lo, 4))."""
+    out = np.empty((len(s.algorithms), len(s.n_grid), hi - lo, len(METRICS)))
+    base = np.empty((hi - lo, 4))
+    for i, k in enumerate(range(lo, hi)):
+        rng = prompt_generator(s.seed, k)
+        x, vals, base[i] = prep.prompt(k)
         for a, algo in enumerate(s.algorithms):
             if algo == "bon" and s.estimator == "exact":
-                out[a, :, k] = _bon_exact(prep, k, s)
+                out[a, :, i] = _bon_exact(x, vals, s)
                 continue
+            pending = []
             for j, n in enumerate(s.n_grid):
-                out[a, j, k] = _per_prompt(prep, k, algo, int(n), s, rng)
-        if progress is not None:
-            progress(k + 1, P)
-    return EvalResult(s, out, prep.base, prep.reward_range, pool.prompt_ids)
+                out[a, j, i] = _per_prompt(prep, x, vals, base[i], algo, int(n), s, rng, pending)
+            if pending:  # PrivITP: E[epsilon_2] for the whole n grid at once
+                for j, eps2 in enumerate(_privitp_epsilon2(prep, s, pending)):
+                    out[a, j, i, METRICS.index("epsilon")] += eps2.mean()
+    return out, base
+
+
+def evaluate(pool: GroupedPool, settings: EvalSettings, progress: Callable[[int, int], None] | None = None
+             ) -> EvalResult:
+    """Run the harness; ``progress(done, total)`` is called as prompts complete.
+
+    ``settings.workers`` processes (or the Dask cluster of ``settings.scheduler``) share the
+    prompts; the results do not depend on how (``evaluation.parallel``).
+    """
+    from . import parallel
+
+    s = settings.check()
+    prep = prepare(pool, s)
+    out, base = parallel.run(prep, s, progress)
+    return EvalResult(s, out, base, prep.reward_range, pool.prompt_ids)

@@ -13,7 +13,7 @@ import numpy as np
 from scipy import special
 
 from .._special import mean_ndtr
-from ..accounting.privitp import privitp_phase2_terms
+from ..accounting.privitp import _check_lambda_tilde, _check_phase2, _terms
 
 
 def softmax_rows(x: np.ndarray, sigma: float) -> np.ndarray:
@@ -60,7 +60,7 @@ def lambda_rows(x: np.ndarray, beta: float) -> np.ndarray:
         k = active.sum(axis=1)
         if prev is not None and np.array_equal(k, prev):
             return lam
-        lam = np.where(active, x, 0.0).sum(axis=1)
+        lam = (x * active).sum(axis=1)  # the active x summed: as np.where(active, x, 0), several x faster
         lam = (lam - target) / k
         prev = k
     return _lambda_rows_sorted(x, beta)
@@ -88,25 +88,31 @@ TAIL = 1e-17  # survival below which the rest of a sequential law is negligible 
 def sequential_lazy(n: int, rows: int, chunk, first: int = 64):
     """Sequential rejection sampling, examined lazily in growing chunks of candidates.
 
-    ``chunk(start, stop)`` returns (pool indices, acceptance probabilities) of candidates
-    start..stop-1 for every row. Stops once every row's survival is below ``TAIL`` (the remaining
-    mass, < 1e-17, is assigned to the fallback) or after n candidates, so long candidate lists cost
-    only the candidates that can matter, as in the mechanism itself.
-    Returns (index chunks, law chunks, P(fallback) per row, E[halting time] per row).
+    ``chunk(start, stop, live)`` returns (pool indices, acceptance probabilities) of candidates
+    start..stop-1 for the rows ``live`` (an index array). A row whose survival is below ``TAIL``
+    is examined no further (its remaining mass, < 1e-17, is assigned to the fallback), and all
+    stop after n candidates, so long candidate lists cost only the candidates that can matter, as
+    in the mechanism itself.
+    Returns (index chunks, law chunks, P(fallback) per row, E[halting time] per row); the chunks
+    hold the rows that were live when they were examined (the live rows of each chunk are those of
+    the previous one or fewer; the index and law chunks have matching shapes).
     """
     survive = np.ones(rows)
     halting = np.zeros(rows)
     idx_parts, law_parts = [], []
+    live = np.arange(rows)
     start, width = 0, first
-    while start < n and survive.max() > TAIL:
+    while start < n and live.size:
         stop = min(n, start + width)
-        idx, a = chunk(start, stop)
+        idx, a = chunk(start, stop, live)
+        s = survive[live]
         cp = np.cumprod(1.0 - a, axis=1)
-        law = a * np.concatenate([survive[:, None], survive[:, None] * cp[:, :-1]], axis=1)
+        law = a * np.concatenate([s[:, None], s[:, None] * cp[:, :-1]], axis=1)
         idx_parts.append(idx)
         law_parts.append(law)
-        halting += law @ np.arange(start + 1, stop + 1)
-        survive = survive * cp[:, -1]
+        halting[live] += law @ np.arange(start + 1, stop + 1)
+        survive[live] = s * cp[:, -1]
+        live = live[survive[live] > TAIL]
         start, width = stop, width * 2
     halting += survive * (n + 1)
     return idx_parts, law_parts, survive, halting
@@ -122,9 +128,13 @@ def privitp_acceptance_rows(x2: np.ndarray, lam_t: np.ndarray, sigma_z: float, r
 def privitp_epsilon2_rows(lam_t, accepted_halting, fallback, n, *, sigma_z, sensitivity, r_max, truncation):
     """E[epsilon_2^post] per row: sum_t P(t) ((t-1) kappa + accept) + P(fallback) n kappa.
 
-    ``accepted_halting`` is sum_t P(t) t over accepted outcomes only.
+    ``accepted_halting`` is sum_t P(t) t over accepted outcomes only. ``n`` and ``truncation`` may
+    be arrays (one value per row), so that one call serves every n of a prompt: each element is
+    computed exactly as by ``accounting.privitp_phase2_terms``.
     """
-    kappa, accept = privitp_phase2_terms(lam_t, sigma_z, sensitivity, r_max, truncation)
+    L = np.asarray(truncation, dtype=float)
+    sigma_z, delta_r, r_max, _ = _check_phase2(sigma_z, sensitivity, r_max, float(L.min()))
+    kappa, accept = _terms(_check_lambda_tilde(lam_t, r_max), sigma_z, delta_r, r_max, L)
     accepted = 1.0 - fallback
     return kappa * (accepted_halting - accepted) + accept * accepted + fallback * n * kappa
 

@@ -52,7 +52,7 @@ def calibrate(base: EvalSettings, algo: str, epsilon: float, n: int, beta: float
     if algo == "privbon":
         return replace(s, sigma=A.gumbel_noise_scale(epsilon, sens))
     if algo == "privbon-gaussian":
-        sigma = A.gaussian_rnm_noise_scale(epsilon, sens, 1.0, int(n)) if n > 1 else 1.0
+        sigma = A.privbon_noise_scale(epsilon, sens, noise="gaussian", n=int(n), r_max=1.0) if n > 1 else 1.0
         return replace(s, sigma=max(sigma, 1e-300))
     if algo == "privitp":
         b = base.beta if beta is None else beta
@@ -234,7 +234,7 @@ def stream(pool: GroupedPool, base: EvalSettings, chosen: dict, epsilon_max: flo
                     res = f.reserve(eps_max, s.delta)
                 except A.BudgetExceededError:
                     break
-                x, _ = prep.prompt(int(order[f.queries % order.size]))
+                x = prep.scores(int(order[f.queries % order.size]))
                 b1, b2 = x[rng.integers(0, x.size, n)], x[rng.integers(0, x.size, n)]
                 sel = privitp_mechanism(b1, b2, beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
                                         sensitivity=sens, reward_range=(0.0, 1.0), rng=rng)
