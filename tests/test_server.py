@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 import urllib.error
 import urllib.request
 
@@ -72,12 +73,15 @@ class Server:
         self.proc = None
 
     def start(self, timeout=120):
+        # stderr (startup summary and access log) goes to a file: a pipe nobody reads would fill and block
+        self.log_path = Path(str(self.config)).with_suffix(".log")
+        self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "privalign", "serve", "--config", str(self.config),
-                                      "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stderr.read().decode())
+                raise RuntimeError(self.log_path.read_text())
             try:
                 return json.loads(urllib.request.urlopen(self.url + "/healthz", timeout=1).read())
             except OSError:
@@ -113,8 +117,10 @@ def stub_server(tmp_path):
     srv.stop()
 
 
-def chat(url, ext=None, key=CLIENT, content="What is 2 + 2?"):
-    return call(url, "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": content}],
+def chat(url, ext=None, key=CLIENT, content="What is 2 + 2?", model=None):
+    """A chat request (``model`` left out unless given: the service accepts a missing name)."""
+    return call(url, "/v1/chat/completions", {**({"model": model} if model else {}),
+                                              "messages": [{"role": "user", "content": content}],
                                               **({"privalign": ext} if ext is not None else {})}, key=key)
 
 
@@ -128,7 +134,8 @@ def test_stock_openai_client_gets_a_private_answer(stub_server):
     assert r.choices[0].message.content.startswith("candidate")
     assert block["mechanism"] == "privitp" and block["n"] == 8 and block["budget"] == "acme-rm"
     t = block["halting_time"]
-    assert block["candidates_generated"] == (8 + t if not block["fallback"] else 2 * 8 + 1)
+    # Phase 1 + Phase 2's first chunk of 4 in one call, then the last chunk of 4 + the fallback's draw
+    assert block["candidates_generated"] == (8 + 4 if t <= 4 else 2 * 8 + 1)
     assert 0 < block["epsilon_charged"] <= block["epsilon_max"]
     assert block["budget_remaining"]["epsilon"] == pytest.approx(50.0 - block["epsilon_charged"])
     c = client.completions.create(model="stub", prompt="Hello", extra_body={"privalign": {"mechanism": "privbon",
@@ -165,21 +172,21 @@ def test_keys_tenants_and_budget_administration(stub_server):
 
 def test_bad_input_is_refused_and_charges_nothing(stub_server):
     url = stub_server.url
-    bad = [(None, b"{not json"), ({"model": "x", "messages": "hi"}, None),
-           ({"model": "x", "messages": [{"role": "user", "content": "x" * 500}]}, None),
-           ({"model": "x", "messages": [{"role": "user", "content": "hi"}], "n": 3}, None)]
+    bad = [(None, b"{not json"), ({"model": "stub", "messages": "hi"}, None),
+           ({"model": "stub", "messages": [{"role": "user", "content": "x" * 500}]}, None),
+           ({"model": "stub", "messages": [{"role": "user", "content": "hi"}], "n": 3}, None)]
     hi = [{"role": "user", "content": "hi"}]
-    bad += [({"model": "x", "messages": hi, "stream": True}, None),                 # streaming is refused
-            ({"model": "x", "messages": hi, "max_tokens": 9}, None),                # over the cap (8)
-            ({"model": "x", "messages": hi, "temperature": 0}, None),
-            ({"model": "x", "messages": hi * 65}, None),                            # too many messages
-            ({"model": "x", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None)]
+    bad += [({"model": "stub", "messages": hi, "stream": True}, None),                 # streaming is refused
+            ({"model": "stub", "messages": hi, "max_tokens": 9}, None),                # over the cap (8)
+            ({"model": "stub", "messages": hi, "temperature": 0}, None),
+            ({"model": "stub", "messages": hi * 65}, None),                            # too many messages
+            ({"model": "stub", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None)]
     for ext in [{"mechanism": "bon"}, {"n": 0}, {"n": 33}, {"n": 2.5}, {"epsilon": 0, "mechanism": "privbon"},
                 {"epsilon": -1, "mechanism": "privbon"}, {"beta": "high"}, {"delta": 1.5}, {"colour": "red"},
                 # extreme but valid numbers: the accountant answers, the service refuses with a 4xx
                 {"epsilon": 1e-320, "mechanism": "privbon"}, {"noise_scale": 1e-320, "mechanism": "privbon"},
                 {"sigma_z": 1e-300}, {"sigma_x": 1e-300}]:
-        bad.append(({"model": "x", "messages": hi, "privalign": ext}, None))
+        bad.append(({"model": "stub", "messages": hi, "privalign": ext}, None))
     for body, raw in bad:
         status, err = call(url, "/v1/chat/completions", body, raw=raw)
         assert 400 <= status < 500 and err["error"]["message"], (body, raw, status, err)
@@ -199,7 +206,7 @@ def test_exhausted_budget_answers_429_and_never_overspends(tmp_path):
         assert statuses[:7] == [200] * 7 and set(statuses[7:]) == {429}
         assert body["error"]["type"] == "budget_exhausted" and body["error"]["budget"] == "acme-rm"
         req = urllib.request.Request(srv.url + "/v1/chat/completions", method="POST", data=json.dumps(
-            {"model": "x", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            {"model": "stub", "messages": [{"role": "user", "content": "hi"}]}).encode(),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {CLIENT}"})
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req)
@@ -311,7 +318,7 @@ n = 4
         assert status == 200 and body["privalign"]["candidates_generated"] <= 2 * 4 + 1
         from privalign.backends.openai_backend import OpenAIGenerator
 
-        gen = OpenAIGenerator(srv.url, api_key=CLIENT, max_n_per_request=1,
+        gen = OpenAIGenerator(srv.url, "smollm2", api_key=CLIENT, max_n_per_request=1,
                               extra_body={"privalign": {"mechanism": "privbon", "n": 2, "epsilon": 2.0}})
         outs = gen.generate([{"role": "user", "content": "What is 1 + 1?"}], 2, max_new_tokens=4)
         assert len(outs) == 2 and all(isinstance(o.text, str) for o in outs)
@@ -416,3 +423,333 @@ def test_one_tenant_cannot_occupy_every_worker(tmp_path):
     for t in (*busy, other):
         t.join()
     assert svc.ledger.budget("a-rm").queries == 2 and svc.ledger.budget("b-rm").queries == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency, back-pressure and the OpenAI-compatible backend (issue 11)
+
+
+def fake_openai_app(delay: float = 0.0, max_choices: int | None = None, script=(), gate=None, record=True):
+    """A fake OpenAI-compatible server: answers /v1/chat/completions and /v1/completions with ``n``
+    choices (at most ``max_choices``) after ``delay`` seconds (and after ``gate`` is set, when given);
+    the first calls answer the statuses in ``script``. Counts calls and the most in flight at once
+    (also at GET /stats)."""
+    import asyncio
+
+    import anyio.to_thread
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    stats = app.state.stats = {"calls": 0, "in_flight": 0, "max_in_flight": 0, "bodies": []}
+    script = list(script)
+
+    async def complete(request: Request, chat: bool):
+        body = await request.json()
+        stats["calls"] += 1
+        if record:
+            stats["bodies"].append(body)
+        if script:
+            status = script.pop(0)
+            return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status,
+                                headers={"retry-after": "0"})
+        stats["in_flight"] += 1
+        stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            if gate is not None:
+                await anyio.to_thread.run_sync(gate.wait, 30)
+        finally:
+            stats["in_flight"] -= 1
+        k = int(body.get("n", 1))
+        k = min(k, max_choices) if max_choices else k
+        text = [f"answer {body.get('seed')}/{i}" for i in range(k)]
+        choices = [({"index": i, "message": {"role": "assistant", "content": t}} if chat else {"index": i, "text": t})
+                   | {"finish_reason": "stop", "logprobs": None} for i, t in enumerate(text)]
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model"), "choices": choices,
+                "usage": {"prompt_tokens": 1, "completion_tokens": k, "total_tokens": 1 + k}}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await complete(request, True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, False)
+
+    @app.get("/stats")
+    async def get_stats():
+        return {k: v for k, v in stats.items() if k != "bodies"}
+
+    return app
+
+
+class FakeOpenAI:
+    """``fake_openai_app`` served by uvicorn in a thread of the test process, on loopback."""
+
+    def __init__(self, **kw):
+        import uvicorn
+
+        self.app = fake_openai_app(**kw)
+        self.stats = self.app.state.stats
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started and time.time() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def openai_backend_config(url: str, generator: str = "") -> str:
+    """The stub test config with the openai backend pointed at ``url``."""
+    return STUB.format(total=50.0).replace('[generator]\nbackend = "stub"\n',
+                                           f'[generator]\nbackend = "openai"\nbase_url = "{url}"\n{generator}')
+
+
+def test_concurrent_requests_reach_the_backend_concurrently(tmp_path):
+    with FakeOpenAI(delay=0.3) as fake:
+        srv = Server(tmp_path, openai_backend_config(fake.url))
+        srv.start()
+        try:
+            results = [None] * 8
+
+            def one(i):
+                results[i] = chat(srv.url, {"mechanism": "privbon", "n": 4, "epsilon": 0.5})
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [r[0] for r in results] == [200] * 8
+            assert all(r[1]["choices"][0]["message"]["content"].startswith("answer") for r in results)
+            assert fake.stats["calls"] == 8 and all(b["n"] == 4 for b in fake.stats["bodies"])
+            assert fake.stats["max_in_flight"] > 1  # no global lock: requests reach the backend together
+            state = call(srv.url, "/v1/budgets/acme-rm")[1]
+            assert state["queries"] == 8 and state["epsilon_spent"] == pytest.approx(8 * 0.5)
+        finally:
+            srv.stop()
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_charges_nothing(tmp_path):
+    gate = threading.Event()
+    with FakeOpenAI(gate=gate) as fake:
+        srv = Server(tmp_path, openai_backend_config(fake.url, "max_concurrency = 1\nmax_queue = 0\n"))
+        srv.start()
+        try:
+            first = []
+            t = threading.Thread(target=lambda: first.append(chat(srv.url, {"mechanism": "privbon", "epsilon": 0.5})))
+            t.start()
+            deadline = time.time() + 30
+            while fake.stats["in_flight"] < 1 and time.time() < deadline:  # the first request holds the backend
+                time.sleep(0.02)
+            before = call(srv.url, "/v1/budgets/acme-rm")[1]
+            assert before["open_reservations"] == 1
+            req = urllib.request.Request(srv.url + "/v1/chat/completions", method="POST", data=json.dumps(
+                {"messages": [{"role": "user", "content": "hi"}],
+                 "privalign": {"mechanism": "privbon", "epsilon": 0.5}}).encode(),
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {CLIENT}"})
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(req, timeout=30)
+            assert info.value.code == 503 and info.value.headers["retry-after"] == "1"
+            assert json.loads(info.value.read())["error"]["type"] == "overloaded"
+            after = call(srv.url, "/v1/budgets/acme-rm")[1]
+            assert after["open_reservations"] == 1 and after["epsilon_spent"] == before["epsilon_spent"]
+            assert after["queries"] == before["queries"] == 0
+            gate.set()
+            t.join(30)
+            assert first[0][0] == 200
+            state = call(srv.url, "/v1/budgets/acme-rm")[1]
+            assert state["queries"] == 1 and state["epsilon_spent"] == pytest.approx(0.5)
+            assert state["open_reservations"] == 0 and fake.stats["calls"] == 1
+        finally:
+            gate.set()
+            srv.stop()
+
+
+def test_openai_backend_retries_5xx_and_429_but_not_other_4xx():
+    from privalign.backends.base import BackendError
+    from privalign.backends.openai_backend import OpenAIGenerator
+
+    hi = [{"role": "user", "content": "hi"}]
+    with FakeOpenAI(script=[503, 429]) as fake:
+        gen = OpenAIGenerator(fake.url, api_key="k", backoff=0.01)
+        out = gen.generate(hi, 3, max_new_tokens=4)
+        assert len(out) == 3 and all(o.text.startswith("answer") for o in out)
+        assert fake.stats["calls"] == 3 == gen.calls  # two refusals (Retry-After: 0), then the answer
+        gen.close()
+    with FakeOpenAI(script=[503] * 5) as fake:
+        gen = OpenAIGenerator(fake.url, max_retries=2, backoff=0.01)
+        with pytest.raises(BackendError, match="503"):
+            gen.generate(hi, 2)
+        assert fake.stats["calls"] == 3  # bounded: one call and two retries
+    with FakeOpenAI(script=[400]) as fake:
+        gen = OpenAIGenerator(fake.url, backoff=0.01)
+        with pytest.raises(BackendError, match="400"):
+            gen.generate(hi, 2)
+        assert fake.stats["calls"] == 1  # a 4xx other than 429 is final
+    gen = OpenAIGenerator(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.01)
+    with pytest.raises(BackendError, match="after 2 attempts"):  # connection refused: retried, then final
+        gen.generate(hi, 1)
+
+
+def test_openai_backend_when_the_server_ignores_n_and_caps_it():
+    from privalign.backends.openai_backend import OpenAIGenerator
+
+    hi = [{"role": "user", "content": "hi"}]
+    with FakeOpenAI(max_choices=1) as fake:  # llama.cpp's server, privalign's own service: one choice per call
+        gen = OpenAIGenerator(fake.url, extra_body={"top_p": 0.9})
+        out = gen.generate(hi, 5, max_new_tokens=4)
+        assert len(out) == 5 and len({o.text for o in out}) == 5  # every call had its own seed
+        assert fake.stats["calls"] == 5 and [b["n"] for b in fake.stats["bodies"]] == [5, 1, 1, 1, 1]
+        assert all(b["top_p"] == 0.9 and b["max_tokens"] == 4 for b in fake.stats["bodies"])
+        fake.stats["bodies"].clear()
+        assert len(gen.generate(hi, 3)) == 3  # the cap is remembered: three calls of n = 1 at once
+        assert [b["n"] for b in fake.stats["bodies"]] == [1, 1, 1]
+    with FakeOpenAI() as fake:
+        gen = OpenAIGenerator(fake.url, max_n_per_request=2, chat=False)
+        out = gen.generate(hi, 5)
+        assert len(out) == 5 and sorted(b["n"] for b in fake.stats["bodies"]) == [1, 2, 2]
+        assert all("prompt" in b for b in fake.stats["bodies"])
+        assert len({b["seed"] for b in fake.stats["bodies"]}) == 3
+
+
+def test_privitp_generates_phase_2_in_chunks(tmp_path):
+    """Backend calls per PrivITP query: Phase 1 with Phase 2's first chunk, then at most one more
+    chunk (n = 8, phase2_chunks = 2) carrying the fallback's draw; each chunk scored in one call."""
+    import numpy as np
+
+    from privalign.rewards import CallableReward
+    from privalign.server.app import Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    class Counting(StubGenerator):
+        def __init__(self):
+            self.sizes = []
+
+        def generate(self, messages, k, **kw):
+            self.sizes.append(k)
+            return super().generate(messages, k, **kw)
+
+    scored = []
+
+    def score(prompts, responses):
+        scored.append(list(responses))
+        return np.array([int(r[-8:], 16) / 2**32 for r in responses])
+
+    for chunks, calls_max in ((2, 2), (4, 4), (8, 8)):
+        cfg = ServiceConfig.model_validate({
+            "ledger": str(tmp_path / f"l{chunks}.db"), "generator": {"backend": "stub"},
+            "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1},
+            "mechanism": {"phase2_chunks": chunks, "sigma_x": 0.5, "sigma_z": 0.5, "delta": 1e-6},
+            "budgets": [{"name": "default", "epsilon_total": 1e9, "delta_total": 0.9}]})
+        gen = Counting()
+        svc = Service(cfg, generator=gen, reward=CallableReward(score, (0.0, 1.0), sensitivity=0.1))
+        c = 8 // chunks
+        calls, fallbacks = [], 0
+        for _ in range(60):
+            gen.sizes.clear()
+            scored.clear()
+            out = svc.answer([{"role": "user", "content": "hi"}], {"mechanism": "privitp", "n": 8}, "default")
+            p = out["privalign"]
+            t = p["halting_time"]
+            chunks_used = min(-(-t // c), chunks)  # the chunks Phase 2 examined (all of them after a fallback)
+            calls.append(len(gen.sizes))
+            assert len(gen.sizes) == len(scored) == chunks_used <= calls_max
+            assert gen.sizes[0] == 8 + c + (chunks == 1)
+            assert p["candidates_generated"] == sum(gen.sizes) == 8 + chunks_used * c + (chunks_used == chunks)
+            # the answer is the t-th Phase-2 candidate, or the never-scored fallback draw
+            phase2 = scored[0][8:] + [r for s in scored[1:] for r in s]
+            if p["fallback"]:
+                fallbacks += 1
+                assert t == 9 and out["text"] not in {r for s in scored for r in s}
+            else:
+                assert out["text"] == phase2[t - 1]
+        if chunks == 2:
+            assert sum(calls) / len(calls) <= 2  # the old one-candidate-per-call loop made 6.4 on average
+        svc.close()
+
+
+@pytest.mark.slow
+def test_llamacpp_server_behind_the_service(tmp_path):
+    """A real OpenAI-compatible server on loopback (llama.cpp's, from llama-cpp-python[server], serving
+    the embedded SmolLM2 GGUF), privalign serve with the openai backend in front of it, and the stock
+    openai client: an answer, with its privacy charged. llama.cpp's server returns one choice per
+    call whatever n, so the backend asks for the others in concurrent calls."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp.server")
+    from openai import OpenAI
+
+    from privalign.backends.base import smollm2_gguf
+
+    try:
+        gguf = smollm2_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    port = free_port()
+    log = tmp_path / "llama-server.log"  # a file, not a pipe: its verbose start-up would fill a pipe and block
+    with open(log, "wb") as fh:
+        llama = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+                                  "--port", str(port), "--n_ctx", "2048", "--model_alias", "smollm2"],
+                                 stdout=fh, stderr=subprocess.STDOUT)
+    srv = None
+    try:
+        deadline = time.time() + 300
+        while True:
+            if llama.poll() is not None:
+                raise RuntimeError(log.read_text(errors="replace")[-2000:])
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except OSError:
+                assert time.time() < deadline, "llama.cpp's server did not start"
+                time.sleep(0.5)
+        srv = Server(tmp_path, openai_backend_config(f"http://127.0.0.1:{port}", 'model = "smollm2"\n'))
+        srv.start()
+        client = OpenAI(base_url=srv.url + "/v1", api_key=CLIENT)
+        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                                           max_tokens=8, extra_body={"privalign": {"mechanism": "privbon", "n": 4,
+                                                                                  "epsilon": 1.0}})
+        block = r.model_extra["privalign"]
+        assert isinstance(r.choices[0].message.content, str) and r.choices[0].message.content
+        assert block["candidates_generated"] == 4 and block["epsilon_charged"] == pytest.approx(1.0)
+        r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Name a colour."}],
+                                           max_tokens=8, extra_body={"privalign": {"mechanism": "privitp", "n": 4}})
+        itp = r.model_extra["privalign"]
+        assert 0 < itp["epsilon_charged"] <= itp["epsilon_max"]
+        state = call(srv.url, "/v1/budgets/acme-rm")[1]
+        assert state["queries"] == 2 and state["open_reservations"] == 0
+        assert state["epsilon_spent"] == pytest.approx(1.0 + itp["epsilon_charged"])
+    finally:
+        if srv is not None:
+            srv.stop()
+        llama.terminate()
+        llama.wait(30)
+
+
+def test_worker_threads_cover_every_admitted_request(tmp_path):
+    """Blocking work runs in anyio's worker threads; at start-up their number is raised to cover
+    max_concurrency backend calls, max_queue waiting requests and headroom, so an admitted request
+    never queues for a thread."""
+    import anyio.to_thread
+    from fastapi.testclient import TestClient
+
+    from privalign.server.config import ServiceConfig
+    from privalign.server.http import create_app
+
+    cfg = ServiceConfig.model_validate({"ledger": str(tmp_path / "l.db"),
+                                        "generator": {"backend": "stub", "max_concurrency": 100, "max_queue": 300},
+                                        "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1}})
+    with TestClient(create_app(cfg)) as client:
+        assert client.portal.call(lambda: anyio.to_thread.current_default_thread_limiter().total_tokens) >= 400
+        assert client.app.state.service.max_concurrency == 100

@@ -55,6 +55,15 @@ SCHEMA = [
 _NO_LOCK = contextlib.nullcontext()
 
 
+class _Op:
+    """One operation waiting for the group commit."""
+
+    __slots__ = ("done", "durable", "error", "op", "result")
+
+    def __init__(self, op, durable: bool):
+        self.op, self.durable, self.done, self.result, self.error = op, durable, False, None, None
+
+
 class BudgetExhausted(Exception):
     def __init__(self, name: str, epsilon_max: float, delta: float, remaining: Privacy):
         self.name, self.epsilon_max, self.delta, self.remaining = name, epsilon_max, delta, remaining
@@ -130,6 +139,9 @@ class Ledger:
         self.p = "%s" if self.postgres else "?"
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._batch: list[_Op] = []  # SQLite group commit (``_run``)
+        self._batch_cond = threading.Condition()
+        self._combining = False
         self.synchronous = synchronous
         with self._tx() as cur:
             if self.postgres:
@@ -185,6 +197,66 @@ class Ledger:
                 cur.execute("ROLLBACK")
                 raise
             cur.execute("COMMIT")
+
+    def _run(self, op, durable: bool = True):
+        """``op(cur)`` in a transaction; returns its result or raises its exception.
+
+        SQLite: group commit. Threads that arrive while a transaction is being written queue their
+        operations; the next of them to run takes every queued operation and runs them all, in
+        order, in one transaction (each in its own savepoint, so one that raises is undone alone),
+        with one commit and, if any of them is durable, one fsync. Nobody gets a result before the
+        commit returns, and if the commit fails every operation of the batch fails: a result is
+        never reported for an operation that was not committed. Without it, concurrent requests'
+        reserve and settle transactions pass the write lock from thread to thread one at a time,
+        each paying its own commit and waking its own thread (docs/benchmarks.md, issue 11).
+        PostgreSQL: one transaction per operation (its row locks already let replicas interleave).
+        """
+        if self.postgres:
+            with self._tx(durable) as cur:
+                return op(cur)
+        item = _Op(op, durable)
+        with self._batch_cond:
+            self._batch.append(item)
+            while not item.done and self._combining:
+                self._batch_cond.wait()
+            if not item.done:
+                self._combining = True
+                batch, self._batch = self._batch, []
+        if not item.done:
+            try:
+                self._run_batch(batch)
+            finally:
+                with self._batch_cond:
+                    self._combining = False
+                    self._batch_cond.notify_all()
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _run_batch(self, batch: list[_Op]) -> None:
+        """Run queued operations in one SQLite transaction (see ``_run``)."""
+        try:
+            with self._tx(durable=any(o.durable for o in batch)) as cur:
+                if len(batch) == 1:
+                    batch[0].result = batch[0].op(cur)  # an exception rolls the transaction back and reaches it
+                else:
+                    for o in batch:
+                        cur.execute("SAVEPOINT op")
+                        try:
+                            o.result = o.op(cur)
+                        except Exception as e:  # this operation alone is undone; the others go on
+                            cur.execute("ROLLBACK TO op")
+                            o.result, o.error = None, e
+                        cur.execute("RELEASE op")
+        except BaseException as e:  # BEGIN or COMMIT failed (or an exception in a lone operation)
+            for o in batch:
+                if o.error is None:
+                    o.result, o.error = None, e
+            if not isinstance(e, Exception):
+                raise
+        finally:
+            for o in batch:
+                o.done = True
 
     def _q(self, sql: str) -> str:
         return sql.replace("?", self.p)
@@ -248,22 +320,23 @@ class Ledger:
         """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes)."""
         if not (epsilon_max >= 0 and math.isfinite(epsilon_max)) or not (0 <= delta < 1):
             raise ValueError(f"invalid worst case epsilon_max={epsilon_max!r}, delta={delta!r}")
-        with self._tx(durable=False) as cur:
+        def op(cur):
             s = self._lock(cur, name)
             if not admits(s.spent, s.reserved, s.total, epsilon_max, delta):
                 cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (name,))
-                refused = BudgetExhausted(name, epsilon_max, delta, s.remaining)
-            else:
-                refused = None
-                cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
-                                    "created) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
-                            (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time()))
-                rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
-                cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
-                                    "reserved_delta = reserved_delta + ?, open = open + 1 WHERE name = ?"),
-                            (epsilon_max, delta, name))
-        if refused is not None:
-            raise refused
+                return BudgetExhausted(name, epsilon_max, delta, s.remaining)
+            cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
+                                "created) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
+                        (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time()))
+            rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
+            cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
+                                "reserved_delta = reserved_delta + ?, open = open + 1 WHERE name = ?"),
+                        (epsilon_max, delta, name))
+            return rid
+
+        rid = self._run(op, durable=False)
+        if isinstance(rid, BudgetExhausted):  # the refusal is counted (committed); nothing is held
+            raise rid
         return rid
 
     def settle(self, reservation: int, epsilon: float | None = None, kind: str = "settle") -> float:
@@ -273,7 +346,7 @@ class Ledger:
     def settle_state(self, reservation: int, epsilon: float | None = None, kind: str = "settle"
                      ) -> tuple[float, BudgetState]:
         """``settle``, also returning the budget's state right after the charge."""
-        with self._tx() as cur:
+        def op(cur):
             cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max FROM events WHERE id = ? AND kind = 'reserve'"),
                         (reservation,))
             row = cur.fetchone()
@@ -292,11 +365,12 @@ class Ledger:
                                 f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
                                 f"queries = queries + 1, open = open - 1 WHERE name = ?"),
                         (amount, delta, eps_max, delta, name))
-        after = BudgetState(s.name, s.tenant, s.total, s.composition,
-                            Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
-                            Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
-                            s.queries + 1, s.refusals, s.open - 1)
-        return amount, after
+            return amount, BudgetState(s.name, s.tenant, s.total, s.composition,
+                                       Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
+                                       Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
+                                       s.queries + 1, s.refusals, s.open - 1)
+
+        return self._run(op, durable=True)
 
     def heartbeat(self) -> None:
         """Record that this process is alive (its reservations are not to be recovered)."""

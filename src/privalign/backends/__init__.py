@@ -3,13 +3,17 @@
 Each backend module imports its heavy dependency only when its generator is created.
 """
 
-from .base import Generation, Generator
+from .base import BackendError, Generation, Generator
 
 BACKENDS = ("transformers", "llamacpp", "vllm", "openai")
 
 
-def make_generator(backend: str, model: str = "smollm2", base_url: str | None = None) -> Generator:
-    """The generator for a backend name; ``base_url`` is required by (and only used for) ``openai``."""
+def make_generator(backend: str, model: str = "smollm2", base_url: str | None = None, **options) -> Generator:
+    """The generator for a backend name; ``base_url`` is required by (and only used for) ``openai``,
+    and so are ``options`` (``OpenAIGenerator``'s api_key, chat, timeout, max_n_per_request,
+    extra_body, max_retries, max_concurrency)."""
+    if options and backend != "openai":
+        raise ValueError(f"options {sorted(options)} apply only to the openai backend")
     if backend == "transformers":
         from .transformers_backend import TransformersGenerator
 
@@ -27,8 +31,8 @@ def make_generator(backend: str, model: str = "smollm2", base_url: str | None = 
             raise ValueError("the openai backend needs a base_url")
         from .openai_backend import OpenAIGenerator
 
-        return OpenAIGenerator(base_url, model)
+        return OpenAIGenerator(base_url, model, **options)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-__all__ = ["BACKENDS", "Generation", "Generator", "make_generator"]
+__all__ = ["BACKENDS", "BackendError", "Generation", "Generator", "make_generator"]

@@ -16,9 +16,17 @@ class Generation:
     n_tokens: int
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the backend gives it
     features: object = None       # policy features (numpy vector) when asked for and the backend gives them
+    prompt_tokens: int | None = None  # the prompt's length in tokens, when the backend reports it
+
+
+class BackendError(RuntimeError):
+    """A generation backend failed (an HTTP error, retries exhausted, a malformed answer)."""
 
 
 class Generator(Protocol):
+    """A generator may declare ``max_concurrency`` (int): how many ``generate`` calls it takes at
+    once from different threads. Without it, the service calls it from one thread at a time."""
+
     name: str
 
     def generate(self, messages: list[dict], k: int, *, max_new_tokens: int = 256, temperature: float = 1.0,

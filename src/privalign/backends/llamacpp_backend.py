@@ -32,5 +32,6 @@ class LlamaCppGenerator:
             lp = choice.get("logprobs") or {}
             tokens = lp.get("content") or []
             logprob = float(sum(float(t["logprob"]) for t in tokens)) if tokens else None
-            out.append(Generation(choice["message"]["content"], r["usage"]["completion_tokens"], logprob))
+            out.append(Generation(choice["message"]["content"], r["usage"]["completion_tokens"], logprob,
+                                  prompt_tokens=r["usage"].get("prompt_tokens")))
         return out

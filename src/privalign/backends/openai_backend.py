@@ -1,55 +1,165 @@
 """OpenAI-compatible HTTP generator: any vLLM, TGI or llama.cpp server, a hosted endpoint, or
-privalign's own service. Uses ``/v1/chat/completions`` (or ``/v1/completions``) with ``n``."""
+privalign's own service. Uses ``/v1/chat/completions`` (or ``/v1/completions``) with ``n``.
+
+One kept ``httpx.Client`` (pooled keep-alive connections, timeouts) is shared by every thread:
+the generator is safe to call concurrently (``max_concurrency`` calls at once). Failed calls are
+retried a bounded number of times with exponential back-off (429, 5xx, connection errors; a
+``Retry-After`` header is honoured); any other 4xx is final. k samples are asked for with ``n=k``
+in one call. A server that caps n (``max_n_per_request``) gets the k split into concurrent calls,
+and a server that returns fewer choices than asked (it ignores ``n``: llama.cpp's server, privalign's
+own service) gets the missing ones in concurrent follow-up calls, each with its own seed.
+"""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
+import email.utils
+import itertools
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 
-from .base import Generation, fresh_seed
+from .base import BackendError, Generation, fresh_seed
+
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 class OpenAIGenerator:
     def __init__(self, base_url: str, model: str = "default", api_key: str | None = None, chat: bool = True,
-                 timeout: float = 600.0, max_n_per_request: int | None = None, extra_body: dict | None = None):
+                 timeout: float = 600.0, max_n_per_request: int | None = None, extra_body: dict | None = None,
+                 max_retries: int = 3, max_concurrency: int = 64, backoff: float = 0.5, max_backoff: float = 30.0):
+        import httpx  # lazily: the serve extra
+
+        if max_n_per_request is not None and max_n_per_request < 1:
+            raise ValueError(f"max_n_per_request must be >= 1, got {max_n_per_request}")
         self.base_url = base_url.rstrip("/")
         self.model, self.api_key, self.chat, self.timeout = model, api_key, chat, timeout
-        self.max_n, self.extra_body = max_n_per_request, extra_body or {}
+        self.max_n, self.extra_body = max_n_per_request, dict(extra_body or {})
+        self.max_retries, self.backoff, self.max_backoff = max(0, int(max_retries)), backoff, max_backoff
+        self.max_concurrency = max(1, int(max_concurrency))
         self.name = f"{model} @ {self.base_url}"
+        self._n_cap: int | None = None  # learned: the most choices this server returns per call
+        self.calls = 0  # HTTP calls made (retries included), for diagnostics and tests
+        self._count_lock = threading.Lock()
+        # connections: every concurrent service call may split into several concurrent sub-calls
+        conns = max(self.max_concurrency, 8)
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+            limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns, keepalive_expiry=60.0),
+            headers={"Content-Type": "application/json",
+                     **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
+        # sub-calls of one generate() (splits, top-ups); workers never submit to this pool themselves
+        self._pool = ThreadPoolExecutor(max_workers=conns, thread_name_prefix="privalign-openai")
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    # ------------------------------------------------------------------ one HTTP call, with retries
     def _post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"{self.base_url}{path} answered {e.code}: {e.read().decode(errors='replace')}") from e
+        import httpx
 
-    def generate(self, messages, k, *, max_new_tokens=256, temperature=1.0, seed=None):
-        if self.max_n and k > self.max_n:  # servers that cap n (privalign's own service returns one choice)
-            base = fresh_seed(seed)
-            out = []
-            for i in range(0, k, self.max_n):
-                out += self.generate(messages, min(self.max_n, k - i), max_new_tokens=max_new_tokens,
-                                     temperature=temperature, seed=base + i)
-            return out
+        attempt = 0
+        while True:
+            with self._count_lock:
+                self.calls += 1
+            wait = None
+            try:
+                r = self._http.post(path, json=body)
+            except httpx.ReadTimeout as e:  # the server is working but slower than `timeout`: final
+                raise BackendError(f"{self.base_url}{path} did not answer within {self.timeout} s") from e
+            except httpx.TransportError as e:  # refused, reset, connect timeout: worth a retry
+                error = f"{self.base_url}{path}: {type(e).__name__}: {e}"
+            else:
+                if r.status_code < 300:
+                    try:
+                        return r.json()
+                    except ValueError as e:
+                        raise BackendError(f"{self.base_url}{path} answered non-JSON: {r.text[:200]!r}") from e
+                error = f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}"
+                if r.status_code not in RETRY_STATUS:
+                    raise BackendError(error)  # a 4xx other than 429 will not get better
+                wait = _retry_after(r.headers.get("retry-after"))
+            if attempt >= self.max_retries:
+                raise BackendError(f"{error} (after {attempt + 1} attempts)")
+            if wait is None:  # exponential back-off with full jitter
+                wait = random.uniform(0, min(self.max_backoff, self.backoff * 2 ** attempt))
+            time.sleep(min(wait, self.max_backoff))
+            attempt += 1
+
+    def _call(self, messages, k: int, max_new_tokens: int, temperature: float, seed: int) -> list[Generation]:
+        """One request asking for k choices; returns what the server gave (possibly fewer)."""
         body = {"model": self.model, "n": k, "max_tokens": max_new_tokens, "temperature": temperature,
-                "seed": fresh_seed(seed) % (2**31), "logprobs": True, **self.extra_body}
+                "seed": seed % (2**31), "logprobs": True, **self.extra_body}
         if self.chat:
             res = self._post("/v1/chat/completions", {**body, "messages": messages})
-            texts = [c["message"]["content"] for c in res["choices"]]
         else:
-            prompt = "\n".join(m["content"] for m in messages)
-            res = self._post("/v1/completions", {**body, "prompt": prompt})
-            texts = [c["text"] for c in res["choices"]]
+            res = self._post("/v1/completions", {**body, "prompt": "\n".join(m["content"] for m in messages)})
+        try:
+            choices = res["choices"]
+            texts = [c["message"]["content"] if self.chat else c["text"] for c in choices]
+        except (KeyError, TypeError) as e:
+            raise BackendError(f"{self.base_url} answered without choices: {str(res)[:200]}") from e
+        usage = res.get("usage") if isinstance(res.get("usage"), dict) else {}
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
         out = []
-        for c, text in zip(res["choices"], texts):
+        for c, text in zip(choices[:k], texts[:k]):
             lp = c.get("logprobs") or {}
             content = lp.get("content") if isinstance(lp, dict) else None
             logprob = sum(t["logprob"] for t in content) if content else None
             n_tokens = len(content) if content else int(c.get("n_tokens", 0)) or None
-            out.append(Generation(text, n_tokens if n_tokens is not None else -1, logprob))
+            out.append(Generation(text or "", n_tokens if n_tokens is not None else -1, logprob,
+                                  prompt_tokens=prompt_tokens))
         return out
+
+    def _calls(self, messages, sizes: list[int], max_new_tokens, temperature, seeds) -> list[list[Generation]]:
+        """One call per size, concurrently (the first on this thread), each with its own seed."""
+        futures = [self._pool.submit(self._call, messages, k, max_new_tokens, temperature, next(seeds))
+                   for k in sizes[1:]]
+        try:
+            first = self._call(messages, sizes[0], max_new_tokens, temperature, next(seeds))
+        finally:
+            futures_wait(futures)  # always wait for every call: none outlives generate()
+        return [first, *(f.result() for f in futures)]
+
+    @staticmethod
+    def _split(k: int, cap: int) -> list[int]:
+        return [min(cap, k - i) for i in range(0, k, cap)]
+
+    def generate(self, messages, k, *, max_new_tokens=256, temperature=1.0, seed=None):
+        seeds = itertools.count(fresh_seed(seed), 1_000_003)  # a distinct seed per call: same seed, same sample
+        cap = min(self.max_n or k, self._n_cap or k)
+        sizes = self._split(k, cap)
+        got = self._calls(messages, sizes, max_new_tokens, temperature, seeds)
+        out = [g for r in got for g in r]
+        for _ in range(3):
+            if len(out) >= k:
+                return out[:k]
+            short = [len(r) for r, asked in zip(got, sizes) if len(r) < asked]
+            if not out or not short:
+                break
+            # the server returns fewer choices than asked (it ignores n or caps it): remember its cap
+            # and ask for the rest in concurrent calls of that size
+            cap = max(1, min(short))
+            self._n_cap = cap if self._n_cap is None else min(self._n_cap, cap)
+            sizes = self._split(k - len(out), cap)
+            got = self._calls(messages, sizes, max_new_tokens, temperature, seeds)
+            out += [g for r in got for g in r]
+        if len(out) >= k:
+            return out[:k]
+        raise BackendError(f"{self.base_url} returned {len(out)} of {k} choices")

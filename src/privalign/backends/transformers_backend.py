@@ -8,6 +8,8 @@ the converted weights are cached as safetensors under $PRIVALIGN_CACHE (default
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 from pathlib import Path
@@ -85,43 +87,142 @@ class TransformersGenerator:
 
         ``features=True`` also returns each sample's policy features (``policy_features``) in
         ``Generation.features``, read off the sampling pass itself at the cost of one extra step.
+        This is ``generate_many`` with one request.
+        """
+        return self.generate_many([(messages, k)], max_new_tokens=max_new_tokens, temperature=temperature,
+                                  seed=seed, features=features)[0]
+
+    def generate_many(self, requests: list[tuple[list[dict], int]], *, max_new_tokens: int = 256,
+                      temperature: float = 1.0, seed: int | None = None,
+                      features: bool = False) -> list[list[Generation]]:
+        """k samples for each (messages, k) request, all decoded together (``batch_size`` rows at a time).
+
+        Each distinct prompt is encoded once, and the prefix they all share once (``_prefill``);
+        prompts of different lengths are padded, with an attention mask and position ids that skip
+        the padding, so every row sees exactly its own prompt. Sampling, log-probabilities, token
+        counts and end-of-sequence handling are per row, as in ``generate``. With several requests
+        (and no ``features``), rows that have ended leave the batch: answers end at different
+        lengths, and a large batch would otherwise keep decoding until its longest row ends.
+        Returns one list of k ``Generation`` per request, in order.
         """
         import torch
 
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        if any(k < 1 for _, k in requests):
+            raise ValueError(f"k must be >= 1, got {[k for _, k in requests]}")
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature!r}")
+        if not requests:
+            return []
         gen = torch.Generator(device=self.device).manual_seed(fresh_seed(seed))
-        ids = self._prompt_ids(messages)
         eos = self.tokenizer.eos_token_id
-        with torch.no_grad():
-            prefix = self.model(ids, use_cache=True)
+        distinct: dict[tuple, int] = {}
+        prompts, rows, lengths = [], [], []
+        for messages, k in requests:
+            ids = self._prompt_ids(messages)[0]
+            lengths.append(int(ids.numel()))
+            j = distinct.setdefault(tuple(ids.tolist()), len(prompts))
+            if j == len(prompts):
+                prompts.append(ids)
+            rows += [j] * k
+        prefix, mask = self._prefill(prompts)
         out: list[Generation] = []
-        for start in range(0, k, self.batch_size):
-            b = min(self.batch_size, k - start)
-            out += self._sample(prefix, b, max_new_tokens, temperature, gen, eos, features)
-        return out
+        for start in range(0, len(rows), self.batch_size):
+            idx = rows[start:start + self.batch_size]
+            if len(requests) == 1 or features:
+                out += self._sample(prefix, idx, mask, max_new_tokens, temperature, gen, eos, features)
+            else:
+                out += self._sample_compact(prefix, idx, mask, max_new_tokens, temperature, gen, eos)
+        res, at = [], 0
+        for (_, k), length in zip(requests, lengths):
+            res.append([dataclasses.replace(g, prompt_tokens=length) for g in out[at:at + k]])
+            at += k
+        return res
 
-    def _step(self, tokens, cache):
+    def _prefill(self, prompts):
+        """Encode the distinct prompts (1-D id tensors) in one batch: (model output, with the cache
+        and each prompt's last logits; attention mask, or None where no row is padded).
+
+        The prefix all prompts share (a system prompt, few-shot examples) is encoded once and its
+        cache copied to every row; the rest of each prompt is left-padded against it, so a row's
+        padding sits between the shared prefix and its own tokens, masked and skipped by the
+        position ids."""
+        import torch
+
+        if len(prompts) == 1:  # exactly the computation generate() has always made (seeded runs reproduce)
+            with torch.no_grad():
+                return self.model(prompts[0][None], use_cache=True), None
+        dev = self.device
+        shared = min(len(p) for p in prompts) - 1  # every row keeps at least one token of its own
+        for p in prompts[1:]:
+            differ = (p[:shared] != prompts[0][:shared]).nonzero()
+            if len(differ):
+                shared = int(differ[0, 0])
+        with torch.no_grad():
+            cache, done = None, 0
+            if shared >= 8:
+                cache = self.model(prompts[0][None, :shared], use_cache=True, logits_to_keep=1)["cache"]
+                cache.batch_repeat_interleave(len(prompts))
+                done = shared
+            tails = [p[done:] for p in prompts]
+            width = max(len(t) for t in tails)
+            mask = positions = None
+            if any(len(t) != width for t in tails):
+                pad = self.tokenizer.pad_token_id
+                ids = torch.stack([torch.cat([torch.full((width - len(t),), pad, dtype=t.dtype, device=dev), t])
+                                   for t in tails])
+                mask = torch.stack([torch.cat([torch.ones(done, dtype=torch.long, device=dev),
+                                               torch.zeros(width - len(t), dtype=torch.long, device=dev),
+                                               torch.ones(len(t), dtype=torch.long, device=dev)]) for t in tails])
+                positions = (mask.cumsum(1) - 1).clamp(min=0)[:, done:]
+            else:
+                ids = torch.stack(tails)
+            out = self.model(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                             logits_to_keep=1)
+        return out, mask
+
+    def _step(self, tokens, cache, mask=None, positions=None):
         """One decoding step through the base model: (last hidden state, logits, cache)."""
-        out = self.model.model(input_ids=tokens, cache=cache, use_cache=True)
+        if mask is None:
+            out = self.model.model(input_ids=tokens, cache=cache, use_cache=True)
+        else:
+            out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
+                                   use_cache=True)
         h = out.last_hidden_state
         return h, self.model.lm_head(h), out.cache
 
-    def _sample(self, prefix, b, max_new_tokens, temperature, gen, eos, features=False) -> list[Generation]:
+    def _sample(self, prefix, idx, prefix_mask, max_new_tokens, temperature, gen, eos,
+                features=False) -> list[Generation]:
+        """Sample the rows ``idx`` (indices of prompts in ``prefix``) to EOS or ``max_new_tokens``."""
         import copy
 
         import torch
 
+        b = len(idx)
         cache = copy.deepcopy(prefix["cache"])
-        cache.batch_repeat_interleave(b)
-        logits = prefix.logits[:, -1, :].float().expand(b, -1)
+        if prefix.logits.shape[0] == 1:
+            cache.batch_repeat_interleave(b)
+            logits = prefix.logits[:, -1, :].float().expand(b, -1)
+        else:
+            sel = torch.tensor(idx, device=self.device)
+            cache.batch_select_indices(sel)
+            logits = prefix.logits[sel, -1, :].float()
+        mask = positions = None
+        if prefix_mask is not None:  # left-padded prompts: extend each row's mask and positions by one per step
+            mask = prefix_mask[sel]
+            positions = mask.sum(1, keepdim=True) - 1
         tokens = torch.empty((b, 0), dtype=torch.long, device=self.device)
         logprob = torch.zeros(b, dtype=torch.float64, device=self.device)
         n_tok = torch.zeros(b, dtype=torch.long, device=self.device)
         alive = torch.ones(b, dtype=torch.bool, device=self.device)
         acc = _FeatureAccumulator(b, self.device) if features else None
+
+        def step(tok, cache):
+            nonlocal mask, positions
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
+                positions = positions + 1
+            return self._step(tok, cache, mask, positions)
+
         with torch.no_grad():
             for _ in range(max_new_tokens):
                 logp = torch.log_softmax(logits / temperature, dim=-1)
@@ -134,7 +235,7 @@ class TransformersGenerator:
                 alive &= nxt != eos
                 if not alive.any() and acc is None:
                     break
-                h, step_logits, cache = self._step(nxt[:, None], cache)
+                h, step_logits, cache = step(nxt[:, None], cache)
                 if acc is not None:
                     acc.add(h[:, -1, :], fed)
                 if not alive.any():
@@ -142,7 +243,7 @@ class TransformersGenerator:
                 logits = step_logits[:, -1, :].float()
             if acc is not None and alive.any():
                 # samples cut at max_new_tokens: their feature sequence ends with an EOS too
-                h, _, cache = self._step(torch.full((b, 1), eos, device=self.device), cache)
+                h, _, cache = step(torch.full((b, 1), eos, device=self.device), cache)
                 acc.add(h[:, -1, :], alive)
         feats = acc.result() if acc is not None else None
         res = []
@@ -151,6 +252,53 @@ class TransformersGenerator:
             res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
                                   features=None if feats is None else policy_features(feats[0][i], feats[1][i],
                                                                                       lp, n)))
+        return res
+
+    def _sample_compact(self, prefix, idx, prefix_mask, max_new_tokens, temperature, gen, eos) -> list[Generation]:
+        """``_sample`` without features, decoding only the rows still alive: ended rows are dropped
+        from the cache, the mask and the positions after each step."""
+        import copy
+
+        import torch
+
+        b = len(idx)
+        sel = torch.tensor(idx, device=self.device)
+        cache = copy.deepcopy(prefix["cache"])
+        cache.batch_select_indices(sel)
+        logits = prefix.logits[sel, -1, :].float()
+        mask = positions = None
+        if prefix_mask is not None:
+            mask = prefix_mask[sel]
+            positions = mask.sum(1, keepdim=True) - 1
+        rows = torch.arange(b, device=self.device)  # the rows still decoding, in cache order
+        tokens = torch.full((b, max_new_tokens), eos, dtype=torch.long, device=self.device)
+        logprob = torch.zeros(b, dtype=torch.float64, device=self.device)
+        n_tok = torch.zeros(b, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            for t in range(max_new_tokens):
+                logp = torch.log_softmax(logits / temperature, dim=-1)
+                nxt = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(1)
+                logprob[rows] += logp.gather(1, nxt[:, None]).squeeze(1).double()
+                n_tok[rows] += 1
+                tokens[rows, t] = nxt
+                going = nxt != eos
+                if t + 1 == max_new_tokens or not going.any():
+                    break
+                if not going.all():
+                    keep = going.nonzero().squeeze(1)
+                    cache.batch_select_indices(keep)
+                    rows, nxt = rows[keep], nxt[keep]
+                    if mask is not None:
+                        mask, positions = mask[keep], positions[keep]
+                if mask is not None:
+                    mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
+                    positions = positions + 1
+                _, step_logits, cache = self._step(nxt[:, None], cache, mask, positions)
+                logits = step_logits[:, -1, :].float()
+        res = []
+        for row, n, lp in zip(tokens.tolist(), n_tok.tolist(), logprob.tolist()):
+            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None))
         return res
 
     def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64):

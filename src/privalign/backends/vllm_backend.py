@@ -27,5 +27,6 @@ class VLLMGenerator:
         out = []
         for c in res.outputs:
             out.append(Generation(c.text, len(c.token_ids), float(c.cumulative_logprob)
-                                  if c.cumulative_logprob is not None else None))
+                                  if c.cumulative_logprob is not None else None,
+                                  prompt_tokens=len(res.prompt_token_ids or []) or None))
         return out

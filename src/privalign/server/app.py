@@ -28,6 +28,7 @@ import numpy as np
 from .. import accounting as A
 from .. import mechanisms as M
 from ..accounting._rounding import snap_up
+from ..backends.base import BackendError
 from ..ledger import BudgetExhausted, Ledger, UnknownBudget
 from ..rewards import RewardModel, score_checked
 from .config import ServiceConfig
@@ -37,12 +38,14 @@ class StubGenerator:
     """A fast fake language model for measuring the service itself (``backend = "stub"``)."""
 
     name = "stub"
+    max_concurrency = 64  # thread-safe
 
     def generate(self, messages, k, *, max_new_tokens=8, temperature=1.0, seed=None):
         from ..backends.base import Generation
 
         raw = os.urandom(4 * k).hex()  # one system call for the whole batch
-        return [Generation(f"candidate {raw[8 * i:8 * i + 8]}", 3, None) for i in range(k)]
+        words = sum(len(m["content"].split()) for m in messages)  # the stub's "tokens" are words
+        return [Generation(f"candidate {raw[8 * i:8 * i + 8]}", 3, None, prompt_tokens=words) for i in range(k)]
 
 
 class StubReward(RewardModel):
@@ -62,12 +65,28 @@ def build_generator(cfg: ServiceConfig):
         return StubGenerator()
     from ..backends import make_generator
 
-    return make_generator(g.backend, g.model, g.base_url or "http://127.0.0.1:8001")
+    options = {}
+    if g.backend == "openai":
+        api_key = g.api_key
+        if g.api_key_env is not None:
+            api_key = os.environ.get(g.api_key_env)
+            if not api_key:
+                raise ValueError(f"generator.api_key_env: the environment variable {g.api_key_env} is not set")
+        options = {"api_key": api_key, "chat": g.chat, "timeout": g.timeout, "max_retries": g.max_retries,
+                   "max_n_per_request": g.max_n_per_request, "extra_body": g.extra_body,
+                   "max_concurrency": g.max_concurrency or 64}
+    generator = make_generator(g.backend, g.model, g.base_url or "http://127.0.0.1:8001", **options)
+    if g.backend in ("transformers", "llamacpp"):  # embedded: concurrent requests share batched decoding
+        from ..backends.batching import BatchingGenerator
+
+        generator = BatchingGenerator(generator, max_batch=g.batch_max, max_wait_ms=g.batch_wait_ms)
+    return generator
 
 
 def build_reward(cfg: ServiceConfig) -> RewardModel:
     """The configured reward model (``rewards.load_reward``), with the config's declared output range
-    and sensitivity applied on top."""
+    and sensitivity applied on top; concurrent requests' scoring calls are merged into one call
+    (``BatchingReward``, with the generator's ``batch_max`` and ``batch_wait_ms``)."""
     r = cfg.reward
     if r.kind == "stub":
         model = StubReward()
@@ -84,7 +103,17 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
         model.output_range = tuple(r.output_range)
     if r.sensitivity is not None:
         model.sensitivity = r.sensitivity
+    if r.kind != "stub":
+        from ..backends.batching import BatchingReward
+
+        model = BatchingReward(model, max_batch=cfg.generator.batch_max, max_wait_ms=cfg.generator.batch_wait_ms)
     return model
+
+
+def shown(x: float) -> float:
+    """A privacy amount for display: 12 significant digits, so 1 - 1e-16 reads 1.0. The ledger keeps
+    (and admits and charges with) the exact values; only responses are rounded."""
+    return float(f"{x:.12g}") if math.isfinite(x) else x
 
 
 @functools.lru_cache(maxsize=1024)
@@ -124,10 +153,21 @@ class Service:
             raise ValueError("the reward model needs a finite declared output_range in the config")
         self.range = (lo, hi)
         self.sensitivity = self.reward.sensitivity or (hi - lo)
-        self.gen_lock = threading.Lock()
+        # backend calls in flight at once: what the config says, else what the generator declares it
+        # takes (thread-safe ones: openai, stub, the batching wrapper), else 1 (embedded models, vLLM's
+        # offline engine: not thread-safe). Requests admitted: those plus max_queue waiting; more are
+        # refused with 503 + Retry-After before anything is reserved.
+        self.max_concurrency = int(cfg.generator.max_concurrency or getattr(self.generator, "max_concurrency", 1) or 1)
+        self.max_queue = cfg.generator.max_queue
+        self._backend_slots = threading.BoundedSemaphore(self.max_concurrency)
+        self._admission = threading.BoundedSemaphore(self.max_concurrency + self.max_queue)
+        self.backend_calls = 0  # generate() calls made (diagnostics, tests, benchmarks)
+        self._count_lock = threading.Lock()
         self.ledger_timings: list[float] = []  # seconds in ledger transactions per answered query
         self._tenant_of: dict[str, tuple] = {}
         self._slots: dict[str | None, threading.BoundedSemaphore] = {}
+        # the names a request's "model" may carry (the first is the served name): anything else is a 404
+        self.model_names = (cfg.served_model_name, *cfg.model_aliases)
         self._init_metrics()
 
     def _keepalive(self):
@@ -154,6 +194,8 @@ class Service:
         self.m_latency = Histogram("privalign_request_seconds", "latency of answered queries", registry=self.registry,
                                    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
         self._metric_children: dict = {}
+        self.m_overloaded = Counter("privalign_overloaded", "requests refused (503) because the backend's "
+                                    "queue was full", registry=self.registry)
         self.m_ledger = Histogram("privalign_ledger_seconds", "time in ledger transactions", registry=self.registry,
                                   buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
 
@@ -251,7 +293,15 @@ class Service:
                                                      "requests in flight; retry shortly (nothing was charged)",
                            retry_after=1)
         try:
-            return self._answer(messages, o, max_tokens, temperature, t0)
+            if not self._admission.acquire(blocking=False):  # back-pressure, before anything is reserved
+                self.m_overloaded.inc()
+                raise ApiError(503, "overloaded", f"the service has {self.max_concurrency} backend calls in flight "
+                                                  f"and {self.max_queue} requests waiting; retry shortly (nothing "
+                                                  "was charged)", retry_after=1)
+            try:
+                return self._answer(messages, o, max_tokens, temperature, t0)
+            finally:
+                self._admission.release()
         finally:
             slot.release()
 
@@ -266,11 +316,12 @@ class Service:
                            epsilon_remaining=e.remaining.epsilon) from None
         ledger_s = time.perf_counter() - t_l
         try:
-            text, sel, generated = self._select(messages, o, max_tokens, temperature)
+            usage = {"prompt_tokens": 0, "completion_tokens": 0}
+            text, sel, generated = self._select(messages, o, max_tokens, temperature, usage)
         except BaseException as e:
             # generation or scoring failed after the reservation: charge the worst case (never refund)
             self._settle_worst_case(rid)
-            if isinstance(e, ValueError):
+            if isinstance(e, (ValueError, BackendError)):
                 raise ApiError(502, "backend_error", f"the reward model or generator failed: {e}") from None
             if isinstance(e, Exception):
                 raise ApiError(500, "internal_error", f"the query failed after its worst case was reserved "
@@ -295,11 +346,13 @@ class Service:
         epsilon.inc(charged)
         self.m_candidates.inc(generated)
         self.m_latency.observe(time.perf_counter() - t0)
-        return {"text": text, "privalign": {
+        # usage: the prompt once, and every candidate generated for this answer (what the backend produced)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return {"text": text, "usage": usage, "privalign": {
             "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
-            "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": charged,
-            "delta_charged": o["delta"], "epsilon_max": o["epsilon_max"], "budget": o["budget"],
-            "budget_remaining": {"epsilon": state.remaining.epsilon, "delta": state.remaining.delta}}}
+            "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
+            "delta_charged": shown(o["delta"]), "epsilon_max": shown(o["epsilon_max"]), "budget": o["budget"],
+            "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta)}}}
 
     def _settle_worst_case(self, rid: int) -> None:
         """Charge a reservation's worst case; if even that fails (the database is down), the
@@ -334,33 +387,80 @@ class Service:
                                                    f"{self.cfg.max_prompt_chars}")
         return out
 
-    def _generate(self, messages, k, max_tokens, temperature=None):
-        with self.gen_lock:
-            return self.generator.generate(messages, k, max_new_tokens=max_tokens or self.cfg.generator.max_new_tokens,
-                                           temperature=temperature or self.cfg.generator.temperature)
+    def _generate(self, messages, k, max_tokens, temperature=None, usage: dict | None = None):
+        """One backend call; at most ``max_concurrency`` of them run at once (the others wait here).
+        ``usage`` (prompt_tokens, completion_tokens) is updated with what the backend reports."""
+        with self._backend_slots:
+            with self._count_lock:
+                self.backend_calls += 1
+            out = self.generator.generate(messages, k, max_new_tokens=max_tokens or self.cfg.generator.max_new_tokens,
+                                          temperature=temperature or self.cfg.generator.temperature)
+        if usage is not None:
+            usage["completion_tokens"] += sum(max(g.n_tokens, 0) for g in out)
+            if not usage["prompt_tokens"] and out and out[0].prompt_tokens:
+                usage["prompt_tokens"] = out[0].prompt_tokens
+        return out
 
     def _scores(self, messages, texts):
         prompt = messages[-1]["content"]
         return score_checked(self.reward, [prompt] * len(texts), texts).scores
 
-    def _select(self, messages, o, max_tokens, temperature=None):
+    def _select(self, messages, o, max_tokens, temperature=None, usage: dict | None = None):
+        """Generate, score and select. Returns (text, selection, candidates generated).
+
+        PrivITP's Phase 2 is generated in chunks: at most ``phase2_chunks`` backend calls of
+        c = ceil(n / phase2_chunks) candidates, each chunk scored in one reward call. The first chunk
+        rides with Phase 1's call (n + c samples of the same prompt); the last carries one extra
+        sample, kept unscored for the fallback's fresh base-policy draw. So a query makes at most
+        ``phase2_chunks`` backend calls and generates at most n + t + c (+ 1) candidates.
+
+        Why this is sound (the privacy analysis is unchanged): every candidate is an independent draw
+        of the base policy, which does not depend on the private data, whichever call produced it.
+        ``privitp`` reads Phase 2's rewards strictly in order through ``next_reward`` and stops at the
+        first acceptance; a chunk member after the accepted one has its reward computed but never
+        read, and its text is never returned, so the selected text, the halting time and the charge
+        have exactly the law of the one-at-a-time mechanism. The fallback text is a sample whose reward
+        is never computed, drawn independently of all examined candidates, as the mechanism requires.
+        ``candidates_generated`` reports every sample generated, a function of the halting time alone
+        (which the response reports anyway).
+        """
         n = o["n"]
-        first = [g.text for g in self._generate(messages, n, max_tokens, temperature)]
-        r1 = self._scores(messages, first)
         if o["mechanism"] == "privbon":
+            first = [g.text for g in self._generate(messages, n, max_tokens, temperature, usage)]
+            r1 = self._scores(messages, first)
             sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range,
                             noise=self.cfg.mechanism.privbon_noise)
             return first[sel.index], sel, n
-        phase2: list[str] = []
+        c = -(-n // min(self.cfg.mechanism.phase2_chunks, n))  # Phase 2's chunk size, ceil(n / chunks)
+        phase2: list[str] = []       # Phase-2 candidates, in the order the mechanism examines them
+        rewards: list[float] = []    # their rewards
+        generated, fallback, examined = 0, None, 0
 
-        def next_reward():  # Phase 2: one fresh candidate at a time, only until acceptance
-            text = self._generate(messages, 1, max_tokens, temperature)[0].text
-            phase2.append(text)
-            return float(self._scores(messages, [text])[0])
+        def draw(k1: int, k2: int):
+            """One backend call: k1 Phase-1 and k2 Phase-2 candidates (plus the fallback's draw when this
+            chunk completes Phase 2), scored in one reward call; returns the Phase-1 scores."""
+            nonlocal generated, fallback
+            last = len(phase2) + k2 == n
+            texts = [g.text for g in self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage)]
+            generated += len(texts)
+            if last:
+                fallback = texts[k1 + k2]  # never scored
+            scores = self._scores(messages, texts[:k1 + k2])
+            phase2.extend(texts[k1:k1 + k2])
+            rewards.extend(float(r) for r in scores[k1:])
+            return scores[:k1]
+
+        r1 = draw(n, min(c, n))
+
+        def next_reward():  # strictly in order; the next chunk only once every earlier one is examined
+            nonlocal examined
+            if examined == len(rewards):
+                draw(0, min(c, n - len(phase2)))
+            examined += 1
+            return rewards[examined - 1]
 
         sel = M.privitp(r1, next_reward, beta=o["beta"], sigma_x=o["sigma_x"], sigma_z=o["sigma_z"], delta=o["delta"],
                         sensitivity=self.sensitivity, reward_range=self.range)
-        if sel.fallback:
-            text = self._generate(messages, 1, max_tokens, temperature)[0].text  # a fresh draw from the base policy
-            return text, sel, n + len(phase2) + 1
-        return phase2[sel.index], sel, n + len(phase2)
+        if sel.fallback:  # every candidate was examined, so the last chunk, with the fallback's draw, was made
+            return fallback, sel, generated
+        return phase2[sel.index], sel, generated

@@ -17,6 +17,13 @@ backend = "transformers"                # transformers | llamacpp | vllm | opena
 model = "smollm2"
 max_new_tokens = 8
 temperature = 1.0
+batch_max = 64                          # embedded (transformers, llamacpp): concurrent requests' samples
+batch_wait_ms = 5                       #   merged into one batch of up to batch_max, waiting <= batch_wait_ms
+# max_concurrency = 64                  # backend calls at once (default: openai/stub 64, embedded batch_max)
+# max_queue = 128                       # admitted requests waiting beyond those; then 503 + Retry-After
+# base_url = "http://127.0.0.1:8001"    # openai: the server, and optionally
+# api_key_env = "OPENAI_API_KEY"        #   (or api_key = "..."), chat = true, timeout = 600,
+# max_retries = 3, max_n_per_request = 8, extra_body = {top_p = 1.0}
 
 [reward]
 kind = "minilm-bt"                      # minilm-bt | hf | http | stub
@@ -25,20 +32,21 @@ output_range = [-3.72, 3.72]            # declared before seeing data; scores ar
 sensitivity = 0.4                       # Delta_r in score units (default: the range's width)
 
 [mechanism]
-name = "privitp"                        # privbon | privitp
+name = "privbon"                        # privbon | privitp (default privbon: pure epsilon 1 per query)
 privbon_noise = "gumbel"                # gumbel | exact (OpenDP's exact sampler, the secure extra)
 n = 16
 epsilon = 1.0                           # privbon: pure epsilon (or give noise_scale)
 beta = 0.05                             # privitp, in score units
 sigma_x = 1.0
 sigma_z = 1.0
-delta = 0.01
+delta = 1e-8                            # privitp, per query: far below 1 / (people in the data)
+phase2_chunks = 2                       # privitp: backend calls for Phase 2 (the first joins Phase 1's)
 
 [[budgets]]
 name = "default"
 tenant = "default"
-epsilon_total = 50.0
-delta_total = 0.5
+epsilon_total = 10.0                    # e.g. 10 PrivBoN answers at epsilon 1 (docs/deploy.md)
+delta_total = 1e-6                      # below 1 / (people in the data); 100 PrivITP queries at 1e-8
 composition = "fsrc"
 ```
 """
@@ -59,6 +67,28 @@ class GeneratorConfig(BaseModel):
     base_url: str | None = None
     max_new_tokens: int = Field(8, ge=1, le=4096)
     temperature: float = Field(1.0, gt=0)
+    # embedded backends (transformers, llamacpp): concurrent requests are merged into one batched
+    # call of up to batch_max sequences, collected for at most batch_wait_ms (backends/batching.py)
+    batch_max: int = Field(64, ge=1)
+    batch_wait_ms: float = Field(5.0, ge=0)
+    # backend calls in flight at once (default: what the backend declares; openai and stub 64, the
+    # embedded ones batch_max, vllm 1) and requests admitted beyond them to wait; past both, 503 + Retry-After
+    max_concurrency: int | None = Field(None, ge=1)
+    max_queue: int = Field(128, ge=0)
+    # openai backend only
+    api_key: str | None = None
+    api_key_env: str | None = None              # or the name of the environment variable holding it
+    chat: bool = True                           # /v1/chat/completions (else /v1/completions)
+    timeout: float = Field(600.0, gt=0)         # seconds per call
+    max_retries: int = Field(3, ge=0)           # on 429, 5xx and connection errors, with back-off
+    max_n_per_request: int | None = Field(None, ge=1)  # the server's cap on n: larger k is split
+    extra_body: dict = Field(default_factory=dict)     # merged into every request body
+
+    @model_validator(mode="after")
+    def _openai_only(self):
+        if self.api_key is not None and self.api_key_env is not None:
+            raise ValueError("give generator.api_key or generator.api_key_env, not both")
+        return self
 
 
 class RewardConfig(BaseModel):
@@ -76,7 +106,7 @@ class RewardConfig(BaseModel):
 
 
 class MechanismConfig(BaseModel):
-    name: Literal["privbon", "privitp"] = "privitp"
+    name: Literal["privbon", "privitp"] = "privbon"
     # privbon's sampler: "gumbel" (softmax law, fast) or "exact" (OpenDP's exact report-noisy-max,
     # permute-and-flip law, no floating-point noise; the same epsilon = 2 Delta_r / sigma)
     privbon_noise: Literal["gumbel", "exact"] = "gumbel"
@@ -86,14 +116,17 @@ class MechanismConfig(BaseModel):
     beta: float = Field(0.05, gt=0)
     sigma_x: float = Field(1.0, gt=0)
     sigma_z: float = Field(1.0, gt=0)
-    delta: float = Field(1e-2, gt=0, lt=1)
+    delta: float = Field(1e-8, gt=0, lt=1)
+    # privitp: Phase 2's n candidates are generated in at most this many backend calls (the first
+    # rides with Phase 1's call); 1 = all at once, n = one at a time (docs/deploy.md)
+    phase2_chunks: int = Field(2, ge=1)
 
 
 class BudgetConfig(BaseModel):
     name: str
     tenant: str = "default"
     epsilon_total: float = Field(gt=0)
-    delta_total: float = Field(0.5, ge=0, lt=1)
+    delta_total: float = Field(1e-6, ge=0, lt=1)
     composition: Literal["fsrc", "basic"] = "fsrc"
 
 
@@ -103,6 +136,10 @@ class ClientConfig(BaseModel):
 
 class ServiceConfig(BaseModel):
     ledger: str = "privalign-ledger.db"
+    access_log: bool = True                    # one line per request on stderr (logger privalign.access)
+    # the model name requests must use (default: generator.model, "stub" for the stub backend) and aliases
+    model_name: str | None = None
+    model_aliases: list[str] = Field(default_factory=list)
     ledger_synchronous: Literal["FULL", "NORMAL"] = "FULL"
     ledger_lease_s: float = Field(30.0, gt=0)  # a process silent this long is dead; its reservations are recovered
     # no well-known default keys: a config without keys gets fresh random ones (``privalign serve`` prints them)
@@ -119,7 +156,13 @@ class ServiceConfig(BaseModel):
     generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     mechanism: MechanismConfig = Field(default_factory=MechanismConfig)
-    budgets: list[BudgetConfig] = Field(default_factory=lambda: [BudgetConfig(name="default", epsilon_total=50.0)])
+    budgets: list[BudgetConfig] = Field(default_factory=lambda: [BudgetConfig(name="default", epsilon_total=10.0)])
+
+    @property
+    def served_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        return "stub" if self.generator.backend == "stub" else self.generator.model
 
     @property
     def token_cap(self) -> int:

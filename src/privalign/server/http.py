@@ -4,7 +4,10 @@ FastAPI is an optional extra; this module is imported only by ``privalign serve`
 ``from __future__ import annotations`` here: FastAPI must see the real ``Request`` class.)
 """
 
+import contextlib
 import json
+import logging
+import sys
 import time
 
 from fastapi import FastAPI, Request
@@ -12,17 +15,78 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from .app import ApiError, Service
+from .app import ApiError, Service, shown
 from .config import ServiceConfig
+
+access = logging.getLogger("privalign.access")
+
+
+class AccessLog:
+    """ASGI middleware: one line per request on the ``privalign.access`` logger (stderr by default):
+    method, path, status, latency, request id, tenant, budget and epsilon charged. Routes put the last
+    four in ``request.state``; values not known (a refusal before the ledger) are ``-``."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not access.isEnabledFor(logging.INFO):
+            return await self.app(scope, receive, send)
+        t0, status = time.perf_counter(), [500]
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            st = scope.get("state") or {}
+            access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s", scope["method"], scope["path"],
+                        status[0], 1000 * (time.perf_counter() - t0), st.get("request_id", "-"),
+                        st.get("tenant", "-"), st.get("budget", "-"), st.get("epsilon", "-"))
+
+
+def _access_to_stderr():
+    if not access.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+        access.propagate = False
+
+
+def shown_budget(b) -> dict:
+    """A budget's state for display: epsilons and deltas to 12 significant digits (the ledger keeps
+    the exact values, and admits and charges with them)."""
+    return {k: shown(v) if isinstance(v, float) else v for k, v in b.as_dict().items()}
 
 
 def create_app(cfg: ServiceConfig, service: Service | None = None):
     svc = service or Service(cfg)
-    app = FastAPI(title="privalign", version="0.1.0")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        # every blocking call (ledger, generator, reward model) runs in anyio's worker threads, never on
+        # the event loop: enough of them for every admitted request (backend calls in flight + the wait
+        # queue) plus headroom for refusals and the budget, health and metrics routes
+        import anyio.to_thread
+
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        limiter.total_tokens = max(limiter.total_tokens, svc.max_concurrency + svc.max_queue + 32)
+        yield
+
+    app = FastAPI(title="privalign", version="0.1.0", lifespan=lifespan)
     app.state.service = svc
+    if cfg.access_log:
+        _access_to_stderr()
+        app.add_middleware(AccessLog)
 
     @app.exception_handler(ApiError)
     async def _api_error(request, exc: ApiError):
+        if "budget" in exc.extra:
+            request.state.budget = exc.extra["budget"]
         # a refusal for lack of budget is final: tell the stock openai client not to retry it
         headers = ({"x-should-retry": "false"} if exc.kind == "budget_exhausted" else
                    {"retry-after": str(exc.extra["retry_after"])} if "retry_after" in exc.extra else None)
@@ -45,7 +109,12 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
             raise ApiError(400, "invalid_request", "the request body must be a JSON object")
         return body
 
-    def check_openai_n(body):
+    def check_openai(body):
+        """The OpenAI fields privalign constrains: the model's name, n = 1, no streaming."""
+        model = body.get("model")
+        if model is not None and model not in svc.model_names:
+            raise ApiError(404, "model_not_found", f"the model {model!r} does not exist here; this service serves "
+                                                   f"{', '.join(map(repr, svc.model_names))} (GET /v1/models)")
         if body.get("n", 1) != 1:
             raise ApiError(400, "invalid_request", "n (choices) must be 1: the service returns one selected response; "
                                                    "set the number of candidates with privalign.n")
@@ -53,40 +122,44 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
             raise ApiError(400, "invalid_request", "stream=true is not supported: the answer is selected among "
                                                    "complete candidates; send the request without stream")
 
+    async def answer(request: Request, body: dict, messages, tenant) -> dict:
+        """Validate and answer in a worker thread; the access log learns who and what."""
+        request.state.tenant = tenant or "admin"
+        check_openai(body)
+        out = await run_in_threadpool(svc.answer, messages, body.get("privalign"), tenant, body.get("max_tokens"),
+                                      body.get("temperature"))
+        p = out["privalign"]
+        request.state.request_id, request.state.budget = p["request_id"], p["budget"]
+        request.state.epsilon = repr(p["epsilon_charged"])
+        return out
+
+    def reply(out: dict, body: dict, kind: str, choice: dict) -> JSONResponse:
+        return JSONResponse({"id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + out["privalign"]["request_id"],
+                             "object": kind, "created": int(time.time()), "model": body.get("model") or svc.model_names[0],
+                             "choices": [{"index": 0, **choice, "finish_reason": "stop", "logprobs": None}],
+                             "usage": out["usage"], "privalign": out["privalign"]})
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        role, tenant = svc.caller(key_of(request))
+        _, tenant = svc.caller(key_of(request))  # 401 before the body is read
         body = await body_of(request)
-        check_openai_n(body)
-        out = await run_in_threadpool(svc.answer, body.get("messages"), body.get("privalign"), tenant,
-                                      body.get("max_tokens"), body.get("temperature"))
-        return JSONResponse({"id": "chatcmpl-" + out["privalign"]["request_id"], "object": "chat.completion",
-                "created": int(time.time()), "model": body.get("model") or svc.generator.name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": out["text"]},
-                             "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-                "privalign": out["privalign"]})
+        out = await answer(request, body, body.get("messages"), tenant)
+        return reply(out, body, "chat.completion", {"message": {"role": "assistant", "content": out["text"]}})
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        role, tenant = svc.caller(key_of(request))
+        _, tenant = svc.caller(key_of(request))
         body = await body_of(request)
-        check_openai_n(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise ApiError(400, "invalid_request", "prompt must be a string")
-        out = await run_in_threadpool(svc.answer, [{"role": "user", "content": prompt}], body.get("privalign"),
-                                      tenant, body.get("max_tokens"), body.get("temperature"))
-        return JSONResponse({"id": "cmpl-" + out["privalign"]["request_id"], "object": "text_completion",
-                "created": int(time.time()), "model": body.get("model") or svc.generator.name,
-                "choices": [{"index": 0, "text": out["text"], "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
-                "privalign": out["privalign"]})
+        out = await answer(request, body, [{"role": "user", "content": prompt}], tenant)
+        return reply(out, body, "text_completion", {"text": out["text"]})
 
     @app.get("/v1/budgets")
     def budgets(request: Request):
         role, tenant = svc.caller(key_of(request))
-        return {"budgets": [b.as_dict() for b in svc.ledger.budgets(tenant)]}
+        return {"budgets": [shown_budget(b) for b in svc.ledger.budgets(tenant)]}
 
     @app.get("/v1/budgets/{name}")
     def budget(name: str, request: Request):
@@ -99,7 +172,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
             raise ApiError(404, "not_found", f"unknown budget {name!r}") from None
         if tenant is not None and b.tenant != tenant:
             raise ApiError(404, "not_found", f"unknown budget {name!r}")  # do not reveal other tenants' budgets
-        return b.as_dict()
+        return shown_budget(b)
 
     @app.post("/v1/budgets/{name}")
     async def set_budget(name: str, request: Request):
@@ -107,12 +180,13 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if role != "admin":
             raise ApiError(403, "forbidden", "only an admin key can create or raise a budget")
         body = await body_of(request)
-        try:
-            b = svc.ledger.set_budget(name, float(body.get("epsilon_total", 0)), float(body.get("delta_total", 0.0)),
-                                      body.get("composition", "fsrc"), body.get("tenant"))
+        try:  # the ledger transaction runs in a worker thread, off the event loop
+            b = await run_in_threadpool(svc.ledger.set_budget, name, float(body.get("epsilon_total", 0)),
+                                        float(body.get("delta_total", 0.0)), body.get("composition", "fsrc"),
+                                        body.get("tenant"))
         except (TypeError, ValueError) as e:
             raise ApiError(400, "invalid_request", str(e)) from None
-        return b.as_dict()
+        return shown_budget(b)
 
     @app.get("/healthz")
     def healthz():
@@ -121,8 +195,8 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     @app.get("/v1/models")
     def models(request: Request):
         svc.caller(key_of(request))
-        return {"object": "list", "data": [{"id": svc.generator.name, "object": "model", "created": 0,
-                                            "owned_by": "privalign"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "privalign"}
+                                           for name in svc.model_names]}
 
     @app.get("/metrics")
     def metrics(request: Request):
