@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import privalign as pa
+import privalign.accounting as A
 from privalign import _validation
 from privalign.accounting._rounding import SNAP, snap_up
 
@@ -39,9 +40,11 @@ def test_service_requests_use_the_secure_generator(tmp_path, monkeypatch):
         before = len(used)
         out = svc.answer([{"role": "user", "content": "hi"}], {"mechanism": mech, "n": 4}, "default")
         assert len(used) > before
-        eps = out["privalign"]["epsilon_charged"]
-        if mech == "privitp":  # snapped: no low bits of lambda~ in what is released
-            assert eps / SNAP == int(eps / SNAP) or eps == out["privalign"]["epsilon_max"]
+        charged = {rid: e for rid, _, e, _ in svc.ledger.charges("default")}[out["privalign"]["request_id"]]
+        assert out["privalign"]["epsilon_charged"] == float(f"{charged:.12g}")  # shown rounded, kept exact
+        if mech == "privitp":  # snapped: no low bits of lambda~ in what is recorded or released
+            eps_max = A.privitp_epsilon_max(4, 0.05, 1.0, 1.0, 1e-8, 0.1, 1.0)
+            assert charged / SNAP == int(charged / SNAP) or charged == eps_max
 
 
 def test_gumbel_noise_never_draws_the_infinite_atom():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,7 +16,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Differentially private inference-time alignment: mechanisms, experiments, reports.")
 pool_app = typer.Typer(no_args_is_help=True, help="Inspect and validate response pools.")
 app.add_typer(pool_app, name="pool")
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # one logical line stays one line (errors, paths)
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def _progress():
 
 
 def _fail(message: str):
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -116,6 +117,19 @@ def _load(path: Path):
         _fail(str(e))
 
 
+WORKERS_HELP = "processes sharing the prompts (default: every usable core); the results do not depend on it"
+EXECUTOR_HELP = "local (a process pool) or dask (the cluster at --scheduler; needs the optional extra cluster)"
+SCHEDULER_HELP = "Dask scheduler address for --executor dask, e.g. tcp://host:8786"
+
+
+def _check_executor(executor: str) -> None:
+    if executor == "dask":
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            _fail("--executor dask needs the optional extra: pip install 'privalign[cluster]'")
+
+
 @app.command()
 def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
              algorithms: str = typer.Option("bon,privbon,itp,privitp",
@@ -131,9 +145,12 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
              reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's first)"),
              normalisation: str = typer.Option("none", help="none, global or per-prompt z-scores"),
              reward_range: Optional[str] = typer.Option(None, help="declared 'lo,hi' (default: observed min,max)"),
-             without_replacement: bool = typer.Option(False, help="draw candidates without replacement"),
+             without_replacement: bool = typer.Option(False, "--without-replacement", help="draw candidates without replacement"),
              estimator: str = typer.Option("exact", help="exact (selection laws) or mc (one draw per replicate)"),
              seed: int = typer.Option(0),
+             workers: Optional[int] = typer.Option(None, min=1, help=WORKERS_HELP),
+             executor: str = typer.Option("local", help=EXECUTOR_HELP),
+             scheduler: Optional[str] = typer.Option(None, help=SCHEDULER_HELP),
              out: Path = typer.Option(..., help="results directory")):
     """Replay selection algorithms on bootstrap replicates of a pool; write tables, figures, report."""
     from .evaluation import EvalSettings
@@ -154,9 +171,11 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
                                 n_grid=parse_int_list(n), replicates=replicates, sigma=sigma, beta=beta,
                                 sigma_x=sigma_x, sigma_z=sigma_z, truncation=truncation, delta=delta,
                                 reward=reward, normalisation=normalisation, reward_range=rr,
-                                replace=not without_replacement, estimator=estimator, seed=seed).check()
+                                replace=not without_replacement, estimator=estimator, seed=seed,
+                                workers=workers, executor=executor, scheduler=scheduler).check()
     except ValueError as e:
         _fail(str(e))
+    _check_executor(executor)
     from .pools import PoolError
 
     if reward is not None and reward not in p.reward_names:
@@ -197,9 +216,18 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
               targets: str = typer.Option("1,4", help="target epsilons per query (worst case)"),
               replicates: int = typer.Option(50),
               seed: int = typer.Option(0),
+              workers: Optional[int] = typer.Option(None, min=1, help=WORKERS_HELP),
+              executor: str = typer.Option("local", help=EXECUTOR_HELP),
+              scheduler: Optional[str] = typer.Option(None, help=SCHEDULER_HELP),
+              audit: Optional[Path] = typer.Option(None, help="an audit.json of `privalign audit` on the pool's reward "
+                                                              "model, shown in the report (default: the shipped "
+                                                              "audit of the embedded pool's model)"),
               out: Path = typer.Option(..., help="results directory")):
-    """The paper's experiments at fixed privacy levels: tuning under a privacy constraint on held-out
-    prompts, curves with 95% intervals, privacy-utility, ITP vs PrivITP, FSRC stream, report."""
+    """Run the paper's experiments at fixed privacy levels and write a report.
+
+    Tuning under a privacy constraint on held-out prompts, curves with 95% intervals,
+    privacy-utility, ITP vs PrivITP, the FSRC stream, and the empirical audit when one is
+    attached."""
     from .evaluation import EvalSettings
     from .evaluation.suite import default_pool, run_reproduce
 
@@ -220,13 +248,50 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
             _fail(str(e))
     if reward is not None and reward not in p.reward_names:
         _fail(f"--reward {reward!r} is not a reward column of {label}; it has {p.reward_names}")
-    settings = EvalSettings(replicates=replicates, seed=seed, reward=reward)
+    if audit is None and not pool:
+        audit = shipped_audit(task)
+    try:
+        audit_record = json.loads(audit.read_text()) if audit else None
+        if audit_record is not None and not isinstance(audit_record.get("rows"), list):
+            raise ValueError("it has no 'rows'")
+    except (OSError, ValueError) as e:
+        _fail(f"--audit {audit} is not an audit.json written by `privalign audit --out` "
+              f"({type(e).__name__}: {str(e)[:80]})")
+    try:
+        settings = EvalSettings(replicates=replicates, seed=seed, reward=reward, workers=workers,
+                                executor=executor, scheduler=scheduler).check()
+    except ValueError as e:
+        _fail(str(e))
+    _check_executor(executor)
     with _progress() as bar:
         job = bar.add_task("experiments", total=7)
         run_reproduce(out, p, label, settings=settings, targets=target_eps,
                       progress=lambda name, done, total: bar.update(job, completed=done, total=total,
                                                                     description=name))
+    if audit_record is not None:
+        _attach_audit(out, audit_record)
     _print_headline(out)
+
+
+def shipped_audit(task: Optional[str]) -> Optional[Path]:
+    """The shipped audit record of an embedded pool's reward model (data/TASK-audit.json), if any."""
+    from importlib import resources
+
+    from .evaluation.suite import DEFAULT_TASK
+
+    path = Path(str(resources.files("privalign") / "data" / f"{task or DEFAULT_TASK}-audit.json"))
+    return path if path.exists() else None
+
+
+def _attach_audit(out: Path, record: dict) -> None:
+    """Add an audit record and its figure to a reproduce results directory, and re-render its report."""
+    from .report.figures import audit_bars
+    from .report.html import render
+    from .report.results import write_json
+
+    write_json(out / "audit.json", record)
+    audit_bars(record["rows"], out)
+    render(out)
 
 
 def _print_headline(out: Path) -> None:
@@ -263,7 +328,7 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] 
              seed: int = typer.Option(0),
              shard_size: int = typer.Option(10, help="prompts per shard (the unit of resumption)"),
              data_dir: Optional[str] = typer.Option(None, help="datasets folder (default: ../shared/data)"),
-             features: bool = typer.Option(False, help="also record policy features (OUT.features.npz) for policy-bt"),
+             features: bool = typer.Option(False, "--features", help="also record policy features (OUT.features.npz) for policy-bt"),
              threads: Optional[int] = typer.Option(None, help="torch threads (transformers backend)"),
              out: Path = typer.Option(..., help="output pool (Parquet)")):
     """Sample responses with a real model, grade them, and write a pool (sharded, resumable)."""
@@ -410,8 +475,10 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
                          pool: Path = typer.Option(..., help="the train pool it was trained on"),
                          trials: int = typer.Option(24, help="retrainings (>= 20)"),
                          seed: int = typer.Option(0)):
-    """Retrain with one person's pairs replaced by adversarial ones; compare the score change with
-    the certified Delta_r (exit 1 if it is ever exceeded)."""
+    """Check a certified reward model's sensitivity by adversarial retraining.
+
+    Retrain with one person's pairs replaced by adversarial ones and compare the score change
+    with the certified Delta_r (exit 1 if it is ever exceeded)."""
     from .rewards.policy_bt import PolicyBTReward, check_sensitivity
 
     try:
@@ -446,8 +513,10 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
           runs: int = typer.Option(200_000, help="mechanism runs per side (D and D')"),
           seed: Optional[int] = typer.Option(None),
           out: Optional[Path] = typer.Option(None, help="write audit.json and audit.png here")):
-    """Empirical privacy audit: a canary in the preference data, the model retrained on both
-    neighbours, each mechanism run many times; 95% Clopper-Pearson lower bounds on epsilon."""
+    """Audit the privacy claims empirically: 95% lower bounds on epsilon.
+
+    A canary in the preference data, the model retrained on both neighbours, each mechanism run
+    many times; 95% Clopper-Pearson lower bounds on epsilon (exit 1 if one exceeds its claim)."""
     from .audit import audit as run_audit
     from .rewards.policy_bt import PolicyBTReward
 
@@ -469,11 +538,14 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
                       f"{r['epsilon_lower_bound']:.3g} ({r['runs_per_side']} runs per side, "
                       f"{r['successes_D']} vs {r['successes_D_prime']} selections of the target)")
     if out:
+        from . import __version__
         from .report.figures import audit_bars
         from .report.results import write_json
 
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "audit.json", res)
+        write_json(out / "audit.json", {"model": str(model), "pool": str(pool), "epsilon": epsilon, "delta": delta,
+                                         "seed": seed, "privalign_version": __version__,
+                                         "command": "privalign " + " ".join(sys.argv[1:]), **res})
         audit_bars(res["rows"], out)
         console.print(f"wrote {out}/audit.json and audit.png")
     if not ok:
@@ -495,10 +567,15 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
     try:
         cfg = load_config(config)
     except Exception as e:
-        _fail(f"invalid config: {e}")
+        errors = getattr(e, "errors", None)  # pydantic: one "field: problem (got value)" per error, on one line
+        why = ("; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}: {x['msg']} (got {x.get('input')!r})"
+                         for x in errors()) if callable(errors) else str(e))
+        _fail(f"invalid config {config}: {why}")
     keys = "from " + str(config) if config else "generated for this run (no config file): pass --config to fix them"
     console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
-                  f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}\n"
+                  f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}; "
+                  f"requests name the model {cfg.served_model_name!r}"
+                  + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
                   f"  reward: {cfg.reward.kind} {cfg.reward.path or ''}\n"
                   f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
                   f"  ledger: {cfg.ledger}\n"
@@ -507,6 +584,9 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
                   + f"  keys {keys}")
     if not config:
         console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")
+    if cfg.generator.backend in ("transformers", "llamacpp") and cfg.token_cap > 64 and not _has_gpu():
+        console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap} on an embedded model without a GPU: "
+                      f"a request of n = {cfg.mechanism.n} can take minutes (docs/deploy.md, latency on a CPU)")
     if workers > 1:
         os.environ["PRIVALIGN_CONFIG"] = str(config) if config else ""
         if not config:
@@ -517,6 +597,14 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         from .server.http import create_app
 
         uvicorn.run(create_app(cfg), host=host, port=port, log_level="warning")
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 @pool_app.command("info")

@@ -153,6 +153,12 @@ _RATIO_CEILING = 1e150
 SAMPLER_NORMAL_BOUND = 3.654152885361009 + math.sqrt(2 * 53 * math.log(2))  # 12.2258...
 
 
+def gaussian_sampler_floor(r_max: float) -> float:
+    """The smallest Gaussian noise scale the float sampler supports on a range of width ``r_max``:
+    r_max / (2 * SAMPLER_NORMAL_BOUND), rounded up."""
+    return r_max * (1 + 1e-12) / (2 * SAMPLER_NORMAL_BOUND)
+
+
 def check_gaussian_sampler_support(noise_scale: float, r_max: float) -> None:
     """Refuse Gaussian report-noisy-max where the float sampler's bounded support breaks pure DP:
     ``r_max / noise_scale > 2 * SAMPLER_NORMAL_BOUND`` (about 24.45)."""
