@@ -37,6 +37,7 @@ from test_server import ADMIN, CLIENT, Server, fake_openai_app, free_port  # noq
 DELAY = 0.2
 EPSILON = 0.001  # PrivBoN's pure epsilon per query: the budget below never binds
 CONFIG = """
+access_log = {access_log}
 admin_keys = ["{admin}"]
 max_inflight_per_tenant = 256
 [clients.{client}]
@@ -128,6 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--clients", default="1,4,16,64")
+    ap.add_argument("--no-access-log", action="store_true", help="serve with access_log = false")
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
@@ -149,7 +151,8 @@ def main():
     msgs = [{"role": "user", "content": "What is 2 + 2?"}]
     direct_body = {"model": "fake", "messages": msgs, "n": 8, "max_tokens": 8, "temperature": 1.0}
     with tempfile.TemporaryDirectory() as d:
-        srv = Server(Path(d), CONFIG.format(admin=ADMIN, client=CLIENT, url=fake_url))
+        srv = Server(Path(d), CONFIG.format(admin=ADMIN, client=CLIENT, url=fake_url,
+                                              access_log="false" if args.no_access_log else "true"))
         srv.start()
         try:
             print(f"\nPrivBoN n = 8, backend answers every call after {DELAY * 1e3:.0f} ms; {args.seconds:.0f} s per point")

@@ -4,6 +4,7 @@ FastAPI is an optional extra; this module is imported only by ``privalign serve`
 ``from __future__ import annotations`` here: FastAPI must see the real ``Request`` class.)
 """
 
+import atexit
 import contextlib
 import json
 import logging
@@ -49,12 +50,33 @@ class AccessLog:
 
 
 def _access_to_stderr():
+    """Send the access log to stderr through a queue: the event loop only enqueues a record, and a
+    listener thread formats and writes it, so a slow stderr never blocks request handling."""
     if not access.handlers:
+        import logging.handlers
+        import queue
+
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
-        access.addHandler(handler)
+        q = queue.SimpleQueue()
+        access.addHandler(_Enqueue(q))
         access.setLevel(logging.INFO)
         access.propagate = False
+        listener = logging.handlers.QueueListener(q, handler)
+        listener.start()  # a daemon thread, for the process's life
+        atexit.register(listener.stop)  # write what is still queued before the process ends
+
+
+class _Enqueue(logging.Handler):
+    """``QueueHandler`` without its formatting in the caller's thread: the record is enqueued as is
+    (its arguments are plain strings and numbers) and formatted by the listener."""
+
+    def __init__(self, q):
+        super().__init__()
+        self.q = q
+
+    def emit(self, record):
+        self.q.put_nowait(record)
 
 
 def shown_budget(b) -> dict:
