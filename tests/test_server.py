@@ -308,6 +308,10 @@ tenant = "default"
 max_new_tokens = 4
 [mechanism]
 n = 4
+[[budgets]]
+name = "default"
+epsilon_total = 100.0
+delta_total = 1e-4
 """)
     health = srv.start(timeout=300)
     try:
@@ -753,3 +757,23 @@ def test_worker_threads_cover_every_admitted_request(tmp_path):
     with TestClient(create_app(cfg)) as client:
         assert client.portal.call(lambda: anyio.to_thread.current_default_thread_limiter().total_tokens) >= 400
         assert client.app.state.service.max_concurrency == 100
+
+
+def test_openai_backend_does_not_retry_what_the_server_marks_final(tmp_path):
+    """privalign's own budget_exhausted 429 carries x-should-retry: false: one call, one refusal."""
+    from privalign.backends.base import BackendError
+    from privalign.backends.openai_backend import OpenAIGenerator
+
+    srv = Server(tmp_path, STUB.format(total=0.6))
+    srv.start()
+    try:
+        gen = OpenAIGenerator(srv.url, "stub", api_key=CLIENT, backoff=0.01,
+                              extra_body={"privalign": {"mechanism": "privbon", "n": 2, "epsilon": 0.5}})
+        assert len(gen.generate([{"role": "user", "content": "hi"}], 1, max_new_tokens=4)) == 1
+        with pytest.raises(BackendError, match="budget_exhausted") as info:
+            gen.generate([{"role": "user", "content": "hi"}], 1, max_new_tokens=4)
+        assert "attempts" not in str(info.value)
+        assert call(srv.url, "/v1/budgets/acme-rm")[1]["refusals"] == 1
+        gen.close()
+    finally:
+        srv.stop()

@@ -92,8 +92,10 @@ class OpenAIGenerator:
                     except ValueError as e:
                         raise BackendError(f"{self.base_url}{path} answered non-JSON: {r.text[:200]!r}") from e
                 error = f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}"
-                if r.status_code not in RETRY_STATUS:
-                    raise BackendError(error)  # a 4xx other than 429 will not get better
+                # a 4xx other than 429 will not get better, nor anything the server marks final
+                # (privalign's own budget_exhausted 429 says x-should-retry: false, as OpenAI's do)
+                if r.status_code not in RETRY_STATUS or r.headers.get("x-should-retry") == "false":
+                    raise BackendError(error)
                 wait = _retry_after(r.headers.get("retry-after"))
             if attempt >= self.max_retries:
                 raise BackendError(f"{error} (after {attempt + 1} attempts)")
