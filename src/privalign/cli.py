@@ -248,8 +248,8 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
             _fail(str(e))
     if reward is not None and reward not in p.reward_names:
         _fail(f"--reward {reward!r} is not a reward column of {label}; it has {p.reward_names}")
-    if audit is None and not pool:
-        audit = shipped_audit(task)
+    if audit is None and not pool and reward in (None, p.metadata.get("default_reward")):
+        audit = shipped_audit(task)  # the audit of the embedded pool's own reward model
     try:
         audit_record = json.loads(audit.read_text()) if audit else None
         if audit_record is not None and not isinstance(audit_record.get("rows"), list):
