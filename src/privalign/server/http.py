@@ -8,7 +8,9 @@ import atexit
 import contextlib
 import json
 import logging
+import queue
 import sys
+import threading
 import time
 
 from fastapi import FastAPI, Request
@@ -23,15 +25,20 @@ access = logging.getLogger("privalign.access")
 
 
 class AccessLog:
-    """ASGI middleware: one line per request on the ``privalign.access`` logger (stderr by default):
-    method, path, status, latency, request id, tenant, budget and epsilon charged. Routes put the last
-    four in ``request.state``; values not known (a refusal before the ledger) are ``-``."""
+    """ASGI middleware: one line per request on the ``privalign.access`` logger (stderr unless a
+    logging config says otherwise): method, path, status, latency, request id, tenant, budget and
+    epsilon charged. Routes put the last four in ``request.state``; values not known yet (a refusal
+    before the ledger) are ``-``. The event loop only appends a tuple to a queue; a writer thread
+    makes the log record and writes it, so logging never blocks (or slows) request handling."""
 
     def __init__(self, app):
         self.app = app
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._write, daemon=True, name="privalign-access-log").start()
+        atexit.register(self._drain)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not access.isEnabledFor(logging.INFO):
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
         t0, status = time.perf_counter(), [500]
 
@@ -44,39 +51,35 @@ class AccessLog:
             await self.app(scope, receive, send_status)
         finally:
             st = scope.get("state") or {}
-            access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s", scope["method"], scope["path"],
-                        status[0], 1000 * (time.perf_counter() - t0), st.get("request_id", "-"),
-                        st.get("tenant", "-"), st.get("budget", "-"), st.get("epsilon", "-"))
+            self.queue.put_nowait((scope["method"], scope["path"], status[0], 1000 * (time.perf_counter() - t0),
+                                   st.get("request_id", "-"), st.get("tenant", "-"), st.get("budget", "-"),
+                                   st.get("epsilon", "-")))
+
+    def _write(self):
+        while True:
+            self._log(self.queue.get())
+
+    def _drain(self):
+        """Write what is still queued when the process exits."""
+        while True:
+            try:
+                self._log(self.queue.get_nowait())
+            except queue.Empty:
+                return
+
+    @staticmethod
+    def _log(fields):
+        access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s", *fields)
 
 
 def _access_to_stderr():
-    """Send the access log to stderr through a queue: the event loop only enqueues a record, and a
-    listener thread formats and writes it, so a slow stderr never blocks request handling."""
+    """The access log's default destination: stderr, one timestamped line per request."""
     if not access.handlers:
-        import logging.handlers
-        import queue
-
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%dT%H:%M:%S"))
-        q = queue.SimpleQueue()
-        access.addHandler(_Enqueue(q))
+        access.addHandler(handler)
         access.setLevel(logging.INFO)
         access.propagate = False
-        listener = logging.handlers.QueueListener(q, handler)
-        listener.start()  # a daemon thread, for the process's life
-        atexit.register(listener.stop)  # write what is still queued before the process ends
-
-
-class _Enqueue(logging.Handler):
-    """``QueueHandler`` without its formatting in the caller's thread: the record is enqueued as is
-    (its arguments are plain strings and numbers) and formatted by the listener."""
-
-    def __init__(self, q):
-        super().__init__()
-        self.q = q
-
-    def emit(self, record):
-        self.q.put_nowait(record)
 
 
 def shown_budget(b) -> dict:
