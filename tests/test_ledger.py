@@ -133,6 +133,17 @@ def test_restart_recovers_a_killed_process_at_once_without_waiting_for_its_lease
     assert s.spent.epsilon == 1.25 and s.open == 0 and live.charges("r")[0][1] == "recover"
 
 
+def run_together(target, k: int | None = None, args=None) -> None:
+    """Run ``target`` in k threads (or one per tuple of ``args``), all started, then all joined."""
+    import threading
+
+    threads = [threading.Thread(target=target, args=a) for a in (args if args is not None else [()] * k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_replicas_starting_together_on_an_empty_postgres_database():
     if not PG:
         pytest.skip("PRIVALIGN_TEST_POSTGRES is not set (.ci/run starts a PostgreSQL server and sets it)")
@@ -151,11 +162,7 @@ def test_replicas_starting_together_on_an_empty_postgres_database():
         except Exception as e:  # noqa: BLE001 - any failure is the bug
             errors.append(e)
 
-    threads = [threading.Thread(target=start) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(start, 8)
     assert errors == []
 
 
@@ -188,11 +195,7 @@ def test_group_commit_keeps_every_operation_alone_in_its_outcome(tmp_path):
                 with lock:
                     outcomes.append(outcome)
 
-    threads = [threading.Thread(target=worker) for _ in range(32)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, 32)
     assert outcomes == ["refused"] * 64 and len(set(rids)) == 320
     state = led.budget("g")
     assert state.queries == 320 and state.open == 0 and math.isclose(state.spent.epsilon, 160.0)
@@ -216,11 +219,7 @@ def test_group_commit_keeps_every_operation_alone_in_its_outcome(tmp_path):
         except OSError as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=settle, args=(rid,)) for rid in rids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(settle, args=[(rid,) for rid in rids])
     led._tx = real_tx
     assert len(errors) == 16  # every settlement of a failed transaction fails
     state = led.budget("g")

@@ -96,6 +96,8 @@ class Server:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=20)
+        if getattr(self, "log", None) is not None:
+            self.log.close()
 
 
 def call(url, path, body=None, key=CLIENT, method=None, raw=None):

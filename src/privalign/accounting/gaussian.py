@@ -168,7 +168,7 @@ def check_gaussian_sampler_support(noise_scale: float, r_max: float) -> None:
             f"R/sigma = {r_max / noise_scale:.4g} exceeds {2 * SAMPLER_NORMAL_BOUND:.4g}, twice the bound of "
             f"numpy's normal sampler (|z| <= {SAMPLER_NORMAL_BOUND:.4f}), so some neighbouring inputs have an "
             f"infinite privacy loss; use noise='gumbel' or 'exact', or noise_scale >= "
-            f"{r_max / (2 * SAMPLER_NORMAL_BOUND):.4g}")
+            f"{gaussian_sampler_floor(r_max):.4g}")
 
 
 def gaussian_rnm_noise_scale(epsilon: float, sensitivity: float, r_max: float, n: int) -> float:
