@@ -13,7 +13,8 @@ Run: ``.venv/bin/python benchmarks/bench_service_concurrency.py [--seconds 8] [-
   (httpx.AsyncClient), each sending its next request as soon as the last is answered, for --seconds.
 - Reported: answered requests/s both ways and their ratio, p50/p99 latency, non-200 answers, and
   whether every answer is charged (the ledger's query count and epsilon spent over the run, against
-  the 200 answers counted by the clients). Then PrivITP n = 8: backend calls per request.
+  the 200 answers counted by the clients), and the CPU time ``privalign serve`` used per answer
+  (user + system, from /proc). Then PrivITP n = 8: backend calls per request.
 """
 
 from __future__ import annotations
@@ -119,6 +120,15 @@ def run_load(url, path, body, clients, seconds, key=None):
             "p99": float(np.percentile(ok, 99)) if ok else float("nan")}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def get(url, path, key=ADMIN):
     import httpx
 
@@ -157,14 +167,17 @@ def main():
         try:
             print(f"\nPrivBoN n = 8, backend answers every call after {DELAY * 1e3:.0f} ms; {args.seconds:.0f} s per point")
             print("| clients | backend alone, req/s | through privalign serve, req/s | ratio | p50 | p99 "
-                  "| non-200 (5xx) | answers = ledger queries | epsilon spent = answers x epsilon |")
-            print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
+                  "| non-200 (5xx) | answers = ledger queries | epsilon spent = answers x epsilon "
+                  "| service CPU per answer |")
+            print("|---:|---:|---:|---:|---:|---:|---:|---|---|---:|")
             svc_body = {"model": "fake", "messages": msgs,
                         "privalign": {"mechanism": "privbon", "n": 8, "epsilon": EPSILON}}
             for c in levels:
                 direct = run_load(fake_url, "/v1/chat/completions", direct_body, c, args.seconds)
                 before = get(srv.url, "/v1/budgets/bench")
+                cpu0 = cpu_seconds(srv.proc.pid)
                 svc = run_load(srv.url, "/v1/chat/completions", svc_body, c, args.seconds, key=CLIENT)
+                cpu_ms = 1e3 * (cpu_seconds(srv.proc.pid) - cpu0) / max(svc["ok"], 1)
                 after = get(srv.url, "/v1/budgets/bench")
                 queries = after["queries"] - before["queries"]
                 spent = after["epsilon_spent"] - before["epsilon_spent"]
@@ -174,7 +187,7 @@ def main():
                       f"| {svc['p99'] * 1e3:.0f} ms (direct {direct['p99'] * 1e3:.0f}) "
                       f"| {svc['bad']} ({svc['bad5xx']}); direct {direct['bad']} "
                       f"| {'yes' if queries == svc['ok'] else 'NO'} ({svc['ok']} / {queries}) "
-                      f"| {'yes' if charged_ok else 'NO'} ({spent:.4f}) |")
+                      f"| {'yes' if charged_ok else 'NO'} ({spent:.4f}) | {cpu_ms:.2f} ms |")
             c = 16
             calls0 = get(fake_url, "/stats")["calls"]
             itp_body = {"model": "fake", "messages": msgs, "privalign": {"mechanism": "privitp", "n": 8}}

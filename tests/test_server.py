@@ -439,7 +439,7 @@ def fake_openai_app(delay: float = 0.0, max_choices: int | None = None, script=(
     """A fake OpenAI-compatible server: answers /v1/chat/completions and /v1/completions with ``n``
     choices (at most ``max_choices``) after ``delay`` seconds (and after ``gate`` is set, when given);
     the first calls answer the statuses in ``script``. Counts calls and the most in flight at once
-    (also at GET /stats)."""
+    (also at GET /stats), and the TCP connections they came on (``peers``)."""
     import asyncio
 
     import anyio.to_thread
@@ -447,12 +447,13 @@ def fake_openai_app(delay: float = 0.0, max_choices: int | None = None, script=(
     from fastapi.responses import JSONResponse
 
     app = FastAPI()
-    stats = app.state.stats = {"calls": 0, "in_flight": 0, "max_in_flight": 0, "bodies": []}
+    stats = app.state.stats = {"calls": 0, "in_flight": 0, "max_in_flight": 0, "bodies": [], "peers": set()}
     script = list(script)
 
     async def complete(request: Request, chat: bool):
         body = await request.json()
         stats["calls"] += 1
+        stats["peers"].add(request.client.port)  # one client port per TCP connection
         if record:
             stats["bodies"].append(body)
         if script:
@@ -486,7 +487,7 @@ def fake_openai_app(delay: float = 0.0, max_choices: int | None = None, script=(
 
     @app.get("/stats")
     async def get_stats():
-        return {k: v for k, v in stats.items() if k != "bodies"}
+        return {k: v for k, v in stats.items() if k not in ("bodies", "peers")}
 
     return app
 
@@ -607,6 +608,26 @@ def test_openai_backend_retries_5xx_and_429_but_not_other_4xx():
     gen = OpenAIGenerator(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff=0.01)
     with pytest.raises(BackendError, match="after 2 attempts"):  # connection refused: retried, then final
         gen.generate(hi, 1)
+
+
+def test_openai_backend_keeps_a_bounded_set_of_connections():
+    """Kept connections, one call on each at a time: sequential calls reuse one connection, and
+    concurrent calls from many threads never open more than the generator's connections."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from privalign.backends.openai_backend import OpenAIGenerator
+
+    hi = [{"role": "user", "content": "hi"}]
+    with FakeOpenAI(delay=0.05) as fake:
+        gen = OpenAIGenerator(fake.url, max_concurrency=8)
+        for _ in range(5):
+            assert len(gen.generate(hi, 2)) == 2
+        assert fake.stats["calls"] == 5 and len(fake.stats["peers"]) == 1
+        with ThreadPoolExecutor(20) as pool:
+            outs = list(pool.map(lambda _: gen.generate(hi, 2), range(60)))
+        assert all(len(o) == 2 for o in outs) and fake.stats["calls"] == 65
+        assert fake.stats["max_in_flight"] == 8 and len(fake.stats["peers"]) == 8
+        gen.close()
 
 
 def test_openai_backend_when_the_server_ignores_n_and_caps_it():

@@ -1,17 +1,19 @@
 """OpenAI-compatible HTTP generator: any vLLM, TGI or llama.cpp server, a hosted endpoint, or
 privalign's own service. Uses ``/v1/chat/completions`` (or ``/v1/completions``) with ``n``.
 
-One kept ``httpx.Client`` (pooled keep-alive connections, timeouts) is shared by every thread:
-the generator is safe to call concurrently (``max_concurrency`` calls at once). Failed calls are
-retried a bounded number of times with exponential back-off (429, 5xx, connection errors; a
-``Retry-After`` header is honoured); any other 4xx is final. k samples are asked for with ``n=k``
-in one call. A server that caps n (``max_n_per_request``) gets the k split into concurrent calls,
-and a server that returns fewer choices than asked (it ignores ``n``: llama.cpp's server, privalign's
-own service) gets the missing ones in concurrent follow-up calls, each with its own seed.
+Keep-alive connections, with timeouts, each in an ``httpx.Client`` of its own (``_Clients``): a call
+borrows one and gives it back, so the generator is safe to call concurrently (``max_concurrency``
+calls at once). Failed calls are retried a bounded number of times with exponential back-off
+(429, 5xx, connection errors; a ``Retry-After`` header is honoured); any other 4xx is final.
+k samples are asked for with ``n=k`` in one call. A server that caps n (``max_n_per_request``)
+gets the k split into concurrent calls, and a server that returns fewer choices than asked (it
+ignores ``n``: llama.cpp's server, privalign's own service) gets the missing ones in concurrent
+follow-up calls, each with its own seed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import itertools
 import random
@@ -39,6 +41,46 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
+class _Clients:
+    """At most ``size`` kept ``httpx.Client`` objects of one keep-alive connection each; ``take()``
+    lends the most recently returned one (its connection is the likeliest to be alive), making a
+    new one while fewer than ``size`` exist, and waits when all are lent.
+
+    Why not one client with ``size`` connections: httpcore's pool walks every connection, polling
+    each idle socket, whenever a request starts or ends, so with 64 connections its bookkeeping
+    was a fifth of the service's Python time at 64 clients (py-spy, docs/benchmarks.md); a
+    one-connection client's pass is constant-time.
+    """
+
+    def __init__(self, size: int, make):
+        self._make, self._idle, self._all = make, [], []
+        self._lock, self._free = threading.Lock(), threading.Semaphore(size)
+
+    @contextlib.contextmanager
+    def take(self):
+        self._free.acquire()
+        try:
+            with self._lock:
+                client = self._idle.pop() if self._idle else None
+            if client is None:
+                client = self._make()
+                with self._lock:
+                    self._all.append(client)
+            try:
+                yield client
+            finally:
+                with self._lock:
+                    self._idle.append(client)
+        finally:
+            self._free.release()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._all, self._idle = self._all, [], []
+        for c in clients:
+            c.close()
+
+
 class OpenAIGenerator:
     def __init__(self, base_url: str, model: str = "default", api_key: str | None = None, chat: bool = True,
                  timeout: float = 600.0, max_n_per_request: int | None = None, extra_body: dict | None = None,
@@ -58,11 +100,12 @@ class OpenAIGenerator:
         self._count_lock = threading.Lock()
         # connections: every concurrent service call may split into several concurrent sub-calls
         conns = max(self.max_concurrency, 8)
-        self._http = httpx.Client(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=conns, max_keepalive_connections=conns, keepalive_expiry=60.0),
-            headers={"Content-Type": "application/json",
-                     **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+        tls = httpx.create_ssl_context()  # made once, shared by every connection
+        self._http = _Clients(conns, lambda: httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)), verify=tls,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=60.0),
+            headers=headers))
         # sub-calls of one generate() (splits, top-ups); workers never submit to this pool themselves
         self._pool = ThreadPoolExecutor(max_workers=conns, thread_name_prefix="privalign-openai")
 
@@ -80,7 +123,8 @@ class OpenAIGenerator:
                 self.calls += 1
             wait = None
             try:
-                r = self._http.post(path, json=body)
+                with self._http.take() as client:
+                    r = client.post(path, json=body)
             except httpx.ReadTimeout as e:  # the server is working but slower than `timeout`: final
                 raise BackendError(f"{self.base_url}{path} did not answer within {self.timeout} s") from e
             except httpx.TransportError as e:  # refused, reset, connect timeout: worth a retry
