@@ -76,7 +76,7 @@ def test_certified_sensitivity_bounds_the_effect_of_replacing_one_persons_pairs(
     ys = [p.reference for p in test] + [str(int(p.reference) + 1) for p in test]
     r0 = base.score(xs, ys)
     # the BT head is the certificate's minimiser: its gradient norm is what the solver reports
-    assert base.meta["achieved_grad_norm"] <= base.g_tol
+    assert base.private["achieved_grad_norm"] <= base.g_tol
     for k in (1, 3):
         cert = EmbeddingBTReward(base.w, lam, len(prompts), k, base.g_tol).sensitivity
         # replace k people's pairs by reversed, contradictory pairs (an adversarial neighbour)
@@ -96,6 +96,9 @@ def test_reward_model_roundtrip_and_checked_scoring(tmp_path, pairs):
     prompts, chosen, rejected = pairs
     m = EmbeddingBTReward.train(prompts[:20], chosen[:20], rejected[:20], lam=0.1)
     m.save(tmp_path / "rm.json")
+    body = (tmp_path / "rm.json").read_text()
+    assert "train_pair_accuracy" not in body and "achieved_grad_norm" not in body  # D-derived: kept out
+    assert '"one_time_epsilon"' in body and "keep it with the operator" in body
     back = EmbeddingBTReward.load(tmp_path / "rm.json")
     assert np.allclose(back.score(prompts[:5], chosen[:5]), m.score(prompts[:5], chosen[:5]))
     assert back.sensitivity == m.sensitivity and back.output_range == m.output_range

@@ -16,9 +16,10 @@ from privalign.rewards.policy_bt import (
     FeatureMap,
     PolicyBTReward,
     check_sensitivity,
-
     preference_rows,
+    split_train_prompts,
     train_policy_bt,
+    train_procedure,
 )
 from privalign.tasks import get_task
 
@@ -56,7 +57,8 @@ def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds
     model, grid = train_policy_bt(raw, pid, y, lambdas=(0.01, 0.1, 1.0), components=(4, 8), seed=0,
                                   range_epsilon=0.0)
     assert len(grid) == 18 and model.lam in (0.01, 0.1, 1.0)  # q x c x lambda
-    assert model.meta["val_auc"] > 0.6  # the planted signal is found on prompts it was not trained on
+    assert model.meta["selection_auc"] > 0.6  # the planted signal is found on prompts it was not trained on
+    assert model.private["val_auc"] > 0.6
     assert model.sensitivity == pytest.approx(4 * model.k / (model.m * model.lam) + 2 * model.g_tol / model.lam)
     lo, hi = model.output_range
     assert hi == pytest.approx(min(np.sqrt(2 * np.log(2) / model.lam), 1 / model.lam) + model.g_tol / model.lam)
@@ -64,9 +66,59 @@ def test_training_chooses_lambda_on_validation_prompts_and_its_certificate_holds
     assert np.all((scores >= lo) & (scores <= hi))
     rows = check_sensitivity(model, raw, pid, y, trials=21, seed=3)
     assert {r["adversary"] for r in rows} == {"flipped", "extreme-norm", "duplicated"}
+    assert not any(r["settings_changed"] for r in rows)  # the whole procedure was rerun; its choice held
     assert max(r["weight_change"] for r in rows) <= model.sensitivity
     assert max(r["max_score_change"] for r in rows) <= model.sensitivity
     assert max(r["weight_change"] for r in rows) > 0.05 * model.sensitivity  # the attack has teeth
+
+
+def test_the_choice_of_settings_never_reads_d():
+    """Issue 23: (q, c, lambda) and the whole selection grid are the same for any D' ~ D, and the
+    final head moves by at most Delta_r. The old procedure trained its candidates on D, so changing
+    D's labels changed the grid (and, near a tie, the choice)."""
+    pid, y, raw = synthetic_pool()
+    kw = dict(lambdas=(0.01, 0.1, 1.0), components=(4, 8), cs=(0.6, 0.95), seed=0)
+    base = train_procedure(raw, pid, y, **kw)
+    fit_p, _ = split_train_prompts(pid, 0.6, 0)
+    in_d = np.isin(pid, list(fit_p))
+    # every correctness label of D's prompts flipped: a data set as far from D as can be
+    flipped = train_procedure(raw, pid, np.where(in_d, 1 - y, y), **kw)
+    assert flipped.grid == base.grid and flipped.settings == base.settings
+    assert np.array_equal(flipped.feature_map.components, base.feature_map.components)
+    # one person's pair at a time, each of the first 40 people: flipped, or made extreme
+    for person in range(40):
+        for kind in ("flip", "extreme"):
+            def edit(d, person=person, kind=kind):
+                d2 = d.copy()
+                d2[person] = -d[person] if kind == "flip" else 2 * base.w / np.linalg.norm(base.w)
+                return d2
+            t = train_procedure(raw, pid, y, edit=edit, **kw)
+            assert t.grid == base.grid and t.settings == base.settings
+            sens = 4 / (t.m * t.lam) + 2 * 1e-9 / t.lam
+            assert np.linalg.norm(t.w - base.w) <= sens
+
+
+def test_the_served_file_holds_no_d_derived_diagnostics(tmp_path):
+    pid, y, raw = synthetic_pool()
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(0.1,), components=(4,), seed=0, range_epsilon=0.2,
+                               rng=np.random.default_rng(0))
+    model.save(tmp_path / "rm.json")
+    body = json.loads((tmp_path / "rm.json").read_text())
+    text = json.dumps({k: v for k, v in body.items() if k != "w"})
+    for word in ("train_pair_accuracy", "achieved_grad_norm", "val_auc", "weight_norm"):
+        assert word not in text
+    g = body["guarantee"]
+    assert g["selection_epsilon"] == 0 and g["range_epsilon"] == 0.2 and g["one_time_epsilon"] == 0.2
+    assert "without reading D" in g["hyperparameters"] and "operator" in g["secret"]
+    assert body["meta"]["procedure"]["lambdas"] == [0.1]
+    model.save_private(tmp_path / "rm.private.json")
+    private = json.loads((tmp_path / "rm.private.json").read_text())
+    assert "never publish" in private["PRIVATE"] and "train_pair_accuracy" in private
+    # a file of the old procedure cannot be checked as if its certificate covered it
+    del body["meta"]["procedure"]
+    (tmp_path / "old.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match="read D"):
+        check_sensitivity(PolicyBTReward.load(tmp_path / "old.json"), raw, pid, y, trials=1)
 
 
 def test_private_range_release_is_tight_and_keeps_the_certificate():
@@ -102,14 +154,16 @@ def test_cli_train_and_check_sensitivity(tmp_path):
                               "--lam", "0.03,0.3", "--components", "4", "--out", str(tmp_path / "rm.json")])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    for word in ("m = ", "k = 1", "lambda = ", "Delta_r = ", "held-out AUC", "log-probability alone"):
+    for word in ("m = ", "k = 1", "lambda = ", "Delta_r = ", "selection AUC", "log-probability alone",
+                 "without reading D", "private"):
         assert word in out
+    assert (tmp_path / "rm.private.json").exists()
     body = json.loads((tmp_path / "rm.json").read_text())
     assert body["kind"] == "policy-bt" and body["task"] == "arithmetic-mix"
     res = runner.invoke(app, ["rm", "check-sensitivity", str(tmp_path / "rm.json"), "--pool", str(path),
                               "--trials", "20"])
     assert res.exit_code == 0, res.output
-    assert "certified Delta_r" in res.output
+    assert "certified Delta_r" in res.output and "changed in 0" in " ".join(res.output.split())
     res = runner.invoke(app, ["rm", "train", "--features", "policy", "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "--pool" in res.output
 

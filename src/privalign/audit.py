@@ -6,7 +6,8 @@ The attack (a distinguishing test between neighbouring preference data sets):
    candidates a, b among the train samples, b just below a, as far apart in feature space as a
    score gap within one person's reach allows, and a canary pair that moves s(b) - s(a) the most: phi+ - phi- = 2 (phi_b - phi_a) / ||phi_b - phi_a||, the
    largest difference a pair with ||phi|| <= 1 can have. D' is D with one person's pair replaced
-   by the canary; the model is retrained on each (the same lambda, solver and tolerance).
+   by the canary; the whole training procedure (``policy_bt.retrain``: the choice of (q, c, lambda)
+   on validation prompts, then the final head) is rerun on each.
 2. Each mechanism is run ``runs`` times on the fixed candidate set {a, b} scored by each model, and
    the distinguishing event {b is selected} is checked on a separate batch to point the right
    way (D' over D or the reverse).
@@ -28,8 +29,7 @@ from scipy import stats
 
 from . import accounting as A
 from . import mechanisms as M
-from .rewards.embedding_bt import fit_bt
-from .rewards.policy_bt import PolicyBTReward, training_differences
+from .rewards.policy_bt import PolicyBTReward, retrain
 
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -47,16 +47,23 @@ def epsilon_lower_bound(k_hi: int, k_lo: int, runs: int, delta: float = 0.0, alp
 
 
 def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
-    d = training_differences(model, raw, prompt_ids, correct)
-    phi = model.feature_map(raw)
-    w_d, _ = fit_bt(d, model.lam, model.g_tol)
+    base = retrain(model, raw, prompt_ids, correct)
+    phi = base.feature_map(raw)
+    w_d = base.w
     s = phi @ w_d
 
     def with_canary(a, b):
         u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
-        d2 = d.copy()
-        d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
-        return fit_bt(d2, model.lam, model.g_tol)[0]
+
+        def edit(d):
+            d2 = d.copy()
+            d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
+            return d2
+
+        t = retrain(model, raw, prompt_ids, correct, edit)
+        if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)
+            raise RuntimeError(f"the canary changed the chosen settings {base.settings} -> {t.settings}")
+        return t.w
 
     # first choice: the pair whose features differ most (so the canary moves their gap most) among
     # pairs whose score gap is well inside one person's reach, on a fixed subsample

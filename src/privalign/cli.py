@@ -416,10 +416,18 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     model.save(out)
+    private = model.save_private(private_path(out))
     lo, hi = model.output_range
-    console.print(f"wrote {out}: {len(prompts)} pairs, train pair accuracy {model.meta['train_pair_accuracy']:.3f}, "
+    console.print(f"wrote {out}: {len(prompts)} pairs, lambda = {lam_value:g} (given, not chosen on D), "
                   f"certified Delta_r = {model.sensitivity:.4g} on output range [{lo:.3g}, {hi:.3g}] "
-                  f"({model.sensitivity / (hi - lo):.3%} of its width)")
+                  f"({model.sensitivity / (hi - lo):.3%} of its width); keep it with the operator")
+    console.print(f"wrote {private} (private, derived from D: train pair accuracy "
+                  f"{model.private['train_pair_accuracy']:.3f})")
+
+
+def private_path(out: Path) -> Path:
+    """Where ``rm train`` writes a model's D-derived diagnostics: beside it, marked private."""
+    return out.with_name(out.stem + ".private.json")
 
 
 def _train_pool(pool: Optional[Path]):
@@ -451,23 +459,28 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
                                       name=name)
     except ValueError as e:
         _fail(str(e))
-    table = Table(title=f"(q, c, lambda) on {model.meta['validation_prompts']} validation prompts (never test)")
-    for col in ("q", "c", "lambda", "Delta_r", "val AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
+    meta, lo_hi = model.meta, model.output_range
+    table = Table(title=f"(q, c, lambda): heads trained on {meta['selection_fit_prompts']} and scored on "
+                        f"{meta['selection_score_prompts']} validation prompts (never D, never test)")
+    for col in ("q", "c", "lambda", "Delta_r", "AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
         table.add_column(col, justify="right")
     for r in grid:
-        table.add_row(str(r["components"]), f"{r['c']:g}", f"{r['lambda']:g}", f"{r['sensitivity']:.3g}", f"{r['val_auc']:.3f}",
-                      f"{r['val_privbon_accuracy']:.3f}", f"{r['val_bon_accuracy']:.3f}")
+        table.add_row(str(r["components"]), f"{r['c']:g}", f"{r['lambda']:g}", f"{r['sensitivity']:.3g}",
+                      f"{r['selection_auc']:.3f}", f"{r['selection_privbon_accuracy']:.3f}",
+                      f"{r['selection_bon_accuracy']:.3f}")
     console.print(table)
     model.save(out)
-    meta, lo_hi = model.meta, model.output_range
+    private = model.save_private(private_path(out))
     console.print(
         f"wrote {out}: m = {model.m} pairs from {meta['fit_prompts']} prompts, k = {model.k} pair(s) per person, "
         f"q = {meta['components']}, c = {meta['c']:g}, lambda = {model.lam:g}"
         f"{' (on the edge of its grid: ' + ', '.join(meta['on_grid_edge']) + ')' if meta['on_grid_edge'] else ''}, "
-        f"certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
+        f"chosen without reading D; certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
         f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"
-        f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); held-out AUC {meta['val_auc']:.3f} "
-        f"(log-probability alone {meta['val_logprob_auc']:.3f}); base accuracy {meta['val_base_accuracy']:.3f}")
+        f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); selection AUC {meta['selection_auc']:.3f} "
+        f"(log-probability alone {meta['selection_logprob_auc']:.3f}); keep the model file with the operator")
+    console.print(f"wrote {private} (private, derived from D: the final head's validation AUC "
+                  f"{model.private['val_auc']:.3f}, train pair accuracy {model.private['train_pair_accuracy']:.3f})")
 
 
 @rm_app.command("check-sensitivity")
@@ -477,8 +490,9 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
                          seed: int = typer.Option(0)):
     """Check a certified reward model's sensitivity by adversarial retraining.
 
-    Retrain with one person's pairs replaced by adversarial ones and compare the score change
-    with the certified Delta_r (exit 1 if it is ever exceeded)."""
+    Rerun the whole training procedure (the choice of q, c, lambda included) with one person's
+    pairs replaced by adversarial ones and compare the score change with the certified Delta_r
+    (exit 1 if it is ever exceeded or the choice ever changes)."""
     from .rewards.policy_bt import PolicyBTReward, check_sensitivity
 
     try:
@@ -497,10 +511,12 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
         console.print(f"  {kind:<13} {len(sub):>3} retrainings: max |r_D - r_D'| = "
                       f"{max(r['max_score_change'] for r in sub):.4g}, max ||w_D - w_D'|| = "
                       f"{max(r['weight_change'] for r in sub):.4g}")
-    console.print(f"{len(rows)} retrainings: max |r_D - r_D'| on the train samples {worst_score:.4g}, over all inputs "
+    changed = sum(r["settings_changed"] for r in rows)
+    console.print(f"{len(rows)} retrainings of the whole procedure: the chosen (q, c, lambda) changed in {changed}; "
+                  f"max |r_D - r_D'| on the train samples {worst_score:.4g}, over all inputs "
                   f"(||w_D - w_D'||) {worst_w:.4g}; certified Delta_r {m.sensitivity:.4g} "
                   f"({worst_w / m.sensitivity:.1%} of it)")
-    if worst_w > m.sensitivity:
+    if worst_w > m.sensitivity or worst_score > m.sensitivity or changed:
         console.print("[red]the certificate was exceeded[/red]")
         raise typer.Exit(1)
 

@@ -198,7 +198,8 @@ def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 25
             pool.metadata["default_reward"] = model.name
         pool.metadata.setdefault("reward_model_info", {})[model.name] = {
             "output_range": list(model.output_range), "sensitivity": model.sensitivity,
-            **({"certificate": {**model.certificate(), **getattr(model, "meta", {})}} if hasattr(model, "certificate")
+            **({"certificate": {**model.certificate(), **getattr(model, "meta", {}),
+                                "hyperparameters": model.hyperparameters()}} if hasattr(model, "certificate")
                else {"certificate": model.meta} if getattr(model, "meta", None) else {})}
     pool.metadata["clipped"] = clipped
     pool.save(path)

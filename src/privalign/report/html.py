@@ -202,8 +202,11 @@ def render_reproduce(d: Path, settings: dict) -> str:
         f"preference pairs: m = {sig3(cert.get('m'))} pairs, k = {sig3(cert.get('pairs_per_person'))} pair(s) per "
         f"person, lambda = {sig3(cert.get('lambda'))}, certified sensitivity Delta_r = {sig3(rm.get('sensitivity'))} "
         f"on the declared range [{sig3((rm.get('output_range') or [None, None])[0])}, "
-        f"{sig3((rm.get('output_range') or [None, None])[1])}]; held-out AUC {sig3(cert.get('val_auc'))} "
-        f"(log-probability alone: {sig3(cert.get('val_logprob_auc'))})"
+        f"{sig3((rm.get('output_range') or [None, None])[1])}]"
+        + (f" ({html.escape(str(cert['hyperparameters']))})" if cert.get("hyperparameters") else "")
+        + (f"; within-prompt AUC on the test prompts {sig3(h['auc']['auc'])}"
+           + (f" (log-probability alone: {sig3(h['auc']['logprob_auc'])})" if "logprob_auc" in h["auc"] else "")
+           if h.get("auc") else "")
         + (f"; the range itself was released privately, a one-time epsilon of {sig3(cert.get('range_epsilon'))}"
            if cert.get("range_epsilon") else "") + ". Tuning used "
         f"{settings.get('heldout_prompts', '?')} held-out prompts; every number below is measured on the other "

@@ -100,11 +100,37 @@ class CertifiedBT(RewardModel):
     range and certified sensitivity (module docstring) follow from (lambda, m, k, g_tol) alone."""
 
     def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
-                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0):
+                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0,
+                 private: dict | None = None):
         self.w, self.lam, self.m, self.k, self.g_tol = np.asarray(w, float), lam, m, pairs_per_person, g_tol
         self.output_range = bt_output_range(lam, g_tol) if output_range is None else tuple(output_range)
         self.range_epsilon = range_epsilon
         self.sensitivity = certified_sensitivity(m, lam, pairs_per_person, g_tol)
+        # D-derived diagnostics (pair accuracy, gradient norm, ...): never in the served file (``save_private``)
+        self.private = dict(private or {})
+
+    def hyperparameters(self) -> str:
+        """How lambda (and any other setting) was chosen: the certificate holds for settings fixed
+        without reading D."""
+        return "lambda given by the operator (not chosen on D)"
+
+    def guarantee(self) -> dict:
+        """What the certificate covers and what it costs, as recorded in the model file."""
+        return {"adjacency": f"D and D' differ in one person's {self.k} preference pair(s), replaced by any others "
+                             f"(m = {self.m} pairs either way)",
+                "sensitivity": self.sensitivity, "hyperparameters": self.hyperparameters(),
+                "selection_epsilon": 0.0, "range_epsilon": self.range_epsilon,
+                "one_time_epsilon": self.range_epsilon,
+                "composition": "every query's privacy cost composes with the one-time epsilon (selection + range "
+                               "release) of this model",
+                "secret": "this file holds the exact weights trained on D: keep it with the operator; the guarantee "
+                          "covers the service's answers, not this file"}
+
+    def save_private(self, path: str | Path) -> Path:
+        """Write the D-derived diagnostics to a separate file, marked private (never served or shipped)."""
+        return self._write_json(path, {"PRIVATE": "derived from the preference data D without any privacy "
+                                                  "protection: keep with the operator, never publish or serve",
+                                       "model": self.name, **self.private})
 
     def release_range(self, epsilon: float, rng: np.random.Generator | None = None) -> tuple[float, float]:
         """Replace the data-independent range by a private, tighter one, [-B, B] with
@@ -138,14 +164,15 @@ class CertifiedBT(RewardModel):
         lo, hi = self.output_range
         return {"lambda": self.lam, "m": self.m, "pairs_per_person": self.k, "g_tol": self.g_tol,
                 "sensitivity": self.sensitivity, "output_range": [lo, hi], "range_epsilon": self.range_epsilon,
-                "sensitivity_share_of_range": self.sensitivity / (hi - lo)}
+                "one_time_epsilon": self.range_epsilon, "sensitivity_share_of_range": self.sensitivity / (hi - lo)}
 
 
 class EmbeddingBTReward(CertifiedBT):
     def __init__(self, w: np.ndarray, lam: float, m: int, pairs_per_person: int, g_tol: float,
                  embedder: Embedder | None = None, name: str = "minilm-bt", meta: dict | None = None,
-                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0):
-        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon)
+                 output_range: tuple[float, float] | None = None, range_epsilon: float = 0.0,
+                 private: dict | None = None):
+        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon, private)
         self.embedder = embedder or Embedder()
         self.name, self.meta = name, meta or {}
 
@@ -159,8 +186,8 @@ class EmbeddingBTReward(CertifiedBT):
         emb = embedder or Embedder()
         d = emb([pair_text(p, c) for p, c in zip(prompts, chosen)]) - emb([pair_text(p, r) for p, r in zip(prompts, rejected)])
         w, g = fit_bt(d, lam, g_tol)
-        model = cls(w, lam, len(prompts), pairs_per_person, g_tol, emb, name,
-                    {**(meta or {}), "achieved_grad_norm": g, "train_pair_accuracy": float(np.mean(d @ w > 0))})
+        model = cls(w, lam, len(prompts), pairs_per_person, g_tol, emb, name, meta,
+                    private={"achieved_grad_norm": g, "train_pair_accuracy": float(np.mean(d @ w > 0))})
         model.features = d
         return model
 
@@ -171,7 +198,8 @@ class EmbeddingBTReward(CertifiedBT):
         return self._write_json(path, {"kind": "minilm-bt", "embedder": EMBEDDER, "lambda": self.lam, "m": self.m,
                                        "pairs_per_person": self.k, "g_tol": self.g_tol, "sensitivity": self.sensitivity,
                                        "output_range": list(self.output_range), "range_epsilon": self.range_epsilon,
-                                       "name": self.name, "meta": self.meta, "w": self.w.tolist()})
+                                       "guarantee": self.guarantee(), "name": self.name, "meta": self.meta,
+                                       "w": self.w.tolist()})
 
     @classmethod
     def load(cls, path: str | Path, embedder: Embedder | None = None) -> "EmbeddingBTReward":

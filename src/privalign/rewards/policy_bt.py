@@ -18,11 +18,14 @@ so ||phi|| <= 1 for every input. The head r = w . phi is fitted exactly as ``min
 (``embedding_bt.fit_bt``), so the same certificate holds: Delta_r = 4k/(m lambda) + 2 g_tol/lambda
 under replacement of one person's k pairs, and |r| <= sqrt(2 log 2 / lambda) + g_tol/lambda.
 
-Preference data, built the realistic way (``train_policy_bt``): graded samples of the deployed
+Preference data, built the realistic way (``train_procedure``): graded samples of the deployed
 policy on the task's train prompts; a correct answer preferred over an incorrect one to the same
 prompt, at most ``pairs_per_prompt`` distinct pairs per prompt. The train prompts are split once:
 "fit" prompts give D; "validation" prompts (the curator's own, not in D) calibrate the feature map
-and choose (q, lambda). Test prompts are never seen.
+and are split again to choose (q, c, lambda): candidate heads are trained on one half's pairs and
+scored on the other half. D is read once, by the final head, with the chosen settings fixed: so
+the certificate, which holds for fixed settings and a fixed feature map, covers the whole
+procedure (docs/pipeline.md, "Why the certificate covers the choice"). Test prompts are never seen.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import numpy as np
 
 from ..evaluation.experiments import within_prompt_auc
 from ..evaluation.laws import softmax_rows
-from .embedding_bt import CertifiedBT, fit_bt
+from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,17 @@ class PolicyBTReward(CertifiedBT):
     def __init__(self, w, lam: float, m: int, pairs_per_person: int, g_tol: float, feature_map: FeatureMap,
                  base_model: str = "smollm2", task: str | None = None, name: str = "policy-bt",
                  meta: dict | None = None, output_range: tuple[float, float] | None = None,
-                 range_epsilon: float = 0.0):
-        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon)
+                 range_epsilon: float = 0.0, private: dict | None = None):
+        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon, private)
         self.feature_map, self.base_model, self.task = feature_map, base_model, task
         self.name, self.meta = name, meta or {}
         self._generator = None
+
+    def hyperparameters(self) -> str:
+        if "procedure" in self.meta:
+            return ("(q, c, lambda) chosen without reading D: candidate heads trained and scored on the curator's "
+                    "validation prompts only; the final head trained once on D with those fixed settings")
+        return "unknown: trained by privalign < 0.2, whose choice of (q, c, lambda) read D (not covered; retrain)"
 
     def score_features(self, raw: np.ndarray) -> np.ndarray:
         return self.feature_map(raw) @ self.w
@@ -134,6 +143,7 @@ class PolicyBTReward(CertifiedBT):
     def save(self, path: str | Path) -> Path:
         return self._write_json(path, {"kind": "policy-bt", "base_model": self.base_model, "task": self.task,
                                        "name": self.name, **self.certificate(),
+                                       "guarantee": self.guarantee(),
                                        "feature_map": self.feature_map.to_dict(), "meta": self.meta,
                                        "w": self.w.tolist()})
 
@@ -197,114 +207,217 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
     return float(np.mean(accs))
 
 
-def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = None, base_model: str = "smollm2",
-                    lambdas=(0.01, 0.03, 0.1, 0.3, 1.0), components=(8, 16), cs=(0.6, 0.8, 0.95),
-                    pairs_per_prompt: int = 16, pairs_per_person: int = 1, fit_fraction: float = 0.6,
-                    target_epsilon: float = 1.0, n_select: int = 16, g_tol: float = 1e-9, seed: int = 0,
-                    range_epsilon: float = 0.1, rng: np.random.Generator | None = None,
-                    name: str = "policy-bt") -> tuple[PolicyBTReward, list[dict]]:
-    """Train ``policy-bt`` on graded policy samples of the train prompts; returns (model, grid).
+PROCEDURE_DEFAULTS = {"lambdas": (0.01, 0.03, 0.1, 0.3, 1.0), "components": (8, 16), "cs": (0.6, 0.8, 0.95),
+                      "pairs_per_prompt": 16, "pairs_per_person": 1, "fit_fraction": 0.6, "select_fraction": 0.5,
+                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0}
 
-    (q, c, lambda) is chosen on the validation prompts by the accuracy of Gumbel PrivBoN at
-    ``target_epsilon`` per query and n = ``n_select`` (its noise follows from each candidate's own
-    certified Delta_r), which weighs fit against the sensitivity that a small lambda costs; the
-    within-prompt AUC and the log-probability's AUC are reported beside it. With
-    ``range_epsilon > 0`` the declared output range is then released privately
-    (``CertifiedBT.release_range``; OS entropy unless ``rng`` is given): the data-independent bound
-    1/lambda is far wider than the scores, which starves ITP and PrivITP of acceptance mass.
+
+@dataclass
+class Trained:
+    """One run of the training procedure (``train_procedure``): the chosen settings, the feature map,
+    the final head on D, and what it was chosen from. ``grid`` and ``public`` read only the curator's
+    validation prompts; ``private`` is derived from D without privacy."""
+
+    components: int
+    c: float
+    lam: float
+    feature_map: FeatureMap
+    w: np.ndarray
+    m: int
+    grid: list[dict]
+    public: dict
+    private: dict
+
+    @property
+    def settings(self) -> tuple[int, float, float]:
+        return self.components, self.c, self.lam
+
+
+def _check_procedure(proc: dict) -> dict:
+    unknown = set(proc) - set(PROCEDURE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown training settings {sorted(unknown)}; known: {sorted(PROCEDURE_DEFAULTS)}")
+    proc = {**PROCEDURE_DEFAULTS, **proc}
+    for key in ("lambdas", "components", "cs"):
+        proc[key] = tuple(proc[key])
+        if not proc[key]:
+            raise ValueError(f"{key} must name at least one value, got {proc[key]!r}")
+    if min(proc["lambdas"]) <= 0:
+        raise ValueError(f"lambdas must be positive, got {proc['lambdas']!r}")
+    if proc["pairs_per_person"] < 1:
+        raise ValueError(f"pairs_per_person must be >= 1, got {proc['pairs_per_person']!r}")
+    return proc
+
+
+def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings) -> Trained:
+    """The whole training procedure, selection included (``train_policy_bt`` builds the model from it).
+
+    1. The train prompts are split (seed) into fit prompts, whose preference pairs are D, and the
+       curator's validation prompts; the validation prompts are split again (seed + 1) into a
+       selection-fit half and a selection-score half.
+    2. For every (q, c) the feature map is calibrated on the validation prompts; for every lambda a
+       candidate head is trained on the selection-fit prompts' pairs and scored on the
+       selection-score prompts by the accuracy of Gumbel PrivBoN at ``target_epsilon`` and n =
+       ``n_select``, its noise set by the Delta_r the *final* head will have (4k/(m lambda) +
+       2 g_tol/lambda, with m = |D|, which replacement adjacency keeps fixed). The best is kept.
+       None of this reads D, so the choice (q, c, lambda) and the feature map are the same for every
+       D' ~ D: they are fixed, data-independent settings from D's point of view.
+    3. The one final head is trained on D with those settings (``fit_bt``), so the certificate
+       Delta_r = 4k/(m lambda) + 2 g_tol/lambda covers the procedure as a whole.
+
+    ``edit(d)`` (tests, ``check_sensitivity``, the audit) replaces D's preference differences, after
+    the feature map is fixed, by a neighbour's: it must keep their number.
     """
+    proc = _check_procedure(settings)
     pid = np.asarray(prompt_ids, str)
     y = np.asarray(correct, float)
-    fit_p, val_p = split_train_prompts(pid, fit_fraction, seed)
-    is_val = np.isin(pid, list(val_p))
-    ci, ri = preference_rows(pid, y, fit_p, pairs_per_prompt, seed)
+    fit_p, val_p = split_train_prompts(pid, proc["fit_fraction"], proc["seed"])
+    sel_fit, sel_score = split_train_prompts(sorted(val_p), proc["select_fraction"], proc["seed"] + 1)
+    ci, ri = preference_rows(pid, y, fit_p, proc["pairs_per_prompt"], proc["seed"])
     if ci.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
-    lp_auc = within_prompt_auc(raw[is_val, -1], y[is_val], pid[is_val])
+    si, sr = preference_rows(pid, y, sel_fit, proc["pairs_per_prompt"], proc["seed"])
+    if si.size == 0:
+        raise ValueError("no selection pair: no validation prompt of the selection-fit half has both a correct and "
+                         "an incorrect sample (more train prompts, or a larger select_fraction)")
+    m, k, g_tol = int(ci.size), proc["pairs_per_person"], proc["g_tol"]
+    is_val = np.isin(pid, list(val_p))
+    is_sc = np.isin(pid, list(sel_score))
     grid, best = [], None
-    for q, c in ((q, c) for q in components for c in cs):
-        fmap = FeatureMap.fit(raw[is_val], q=q, c=c)
-        phi = fmap(raw)
-        d = phi[ci] - phi[ri]
-        for lam in lambdas:
-            w, g = fit_bt(d, lam, g_tol)
-            model = PolicyBTReward(w, lam, d.shape[0], pairs_per_person, g_tol, fmap, base_model, task, name)
-            s = phi[is_val] @ w
-            temp = 2 * model.sensitivity / target_epsilon
-            row = {"components": q, "c": c, "lambda": lam, "m": d.shape[0], "sensitivity": model.sensitivity,
-                   "range_width": model.output_range[1] - model.output_range[0],
-                   "val_auc": within_prompt_auc(s, y[is_val], pid[is_val]),
-                   "val_privbon_accuracy": softmax_selection_accuracy(s, y[is_val], pid[is_val], temp, n_select,
-                                                                      seed=seed),
-                   "val_bon_accuracy": softmax_selection_accuracy(s, y[is_val], pid[is_val], 1e-9, n_select,
-                                                                  seed=seed),
-                   "train_pair_accuracy": float(np.mean(d @ w > 0)), "achieved_grad_norm": g}
-            grid.append(row)
-            if best is None or row["val_privbon_accuracy"] > best[0]["val_privbon_accuracy"]:
-                best = (row, model)
-    row, model = best
+    for q in proc["components"]:
+        for c in proc["cs"]:
+            fmap = FeatureMap.fit(raw[is_val], q=q, c=c)
+            d_sel = fmap(raw[si]) - fmap(raw[sr])
+            phi_sc = fmap(raw[is_sc])
+            for lam in proc["lambdas"]:
+                w, _ = fit_bt(d_sel, lam, g_tol)
+                s = phi_sc @ w
+                sens = certified_sensitivity(m, lam, k, g_tol)
+                row = {"components": q, "c": c, "lambda": lam, "sensitivity": sens,
+                       "range_width": 2 * bt_output_range(lam, g_tol)[1],
+                       "selection_auc": within_prompt_auc(s, y[is_sc], pid[is_sc]),
+                       "selection_privbon_accuracy": softmax_selection_accuracy(
+                           s, y[is_sc], pid[is_sc], 2 * sens / proc["target_epsilon"], proc["n_select"],
+                           seed=proc["seed"]),
+                       "selection_bon_accuracy": softmax_selection_accuracy(s, y[is_sc], pid[is_sc], 1e-9,
+                                                                            proc["n_select"], seed=proc["seed"])}
+                grid.append(row)
+                if best is None or row["selection_privbon_accuracy"] > best[0]["selection_privbon_accuracy"]:
+                    best = (row, fmap)
+    row, fmap = best
+    # the final head: D, once, with the settings chosen above
+    phi = fmap(raw)
+    d = phi[ci] - phi[ri]
+    if edit is not None:
+        d = np.asarray(edit(d), float)
+        if d.shape != (m, fmap.dim):
+            raise ValueError(f"edit must keep D's {m} pairs of dimension {fmap.dim}, got shape {d.shape}")
+    w, g = fit_bt(d, row["lambda"], g_tol)
+    grids = {"q": proc["components"], "c": proc["cs"], "lambda": proc["lambdas"]}
+    chosen = {"q": row["components"], "c": row["c"], "lambda": row["lambda"]}
+    public = {"fit_prompts": len(fit_p), "validation_prompts": len(val_p), "selection_fit_prompts": len(sel_fit),
+              "selection_score_prompts": len(sel_score), "selection_pairs": int(si.size),
+              "components": row["components"], "c": row["c"],
+              "selection_auc": row["selection_auc"], "selection_privbon_accuracy": row["selection_privbon_accuracy"],
+              "selection_bon_accuracy": row["selection_bon_accuracy"],
+              "selection_logprob_auc": within_prompt_auc(raw[is_sc, -1], y[is_sc], pid[is_sc]),
+              "selection_base_accuracy": float(y[is_sc].mean()),
+              "on_grid_edge": [n for n, v in chosen.items() if len(grids[n]) > 1 and v in (min(grids[n]), max(grids[n]))],
+              "procedure": {key: list(v) if isinstance(v, tuple) else v for key, v in proc.items()}}
+    s_val = phi[is_val] @ w
+    private = {"val_auc": within_prompt_auc(s_val, y[is_val], pid[is_val]),
+               "val_privbon_accuracy": softmax_selection_accuracy(
+                   s_val, y[is_val], pid[is_val], 2 * certified_sensitivity(m, row["lambda"], k, g_tol)
+                   / proc["target_epsilon"], proc["n_select"], seed=proc["seed"]),
+               "train_pair_accuracy": float(np.mean(d @ w > 0)), "achieved_grad_norm": g,
+               "weight_norm": float(np.linalg.norm(w))}
+    return Trained(row["components"], row["c"], row["lambda"], fmap, w, m, grid, public, private)
+
+
+def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = None, base_model: str = "smollm2",
+                    range_epsilon: float = 0.1, rng: np.random.Generator | None = None, name: str = "policy-bt",
+                    **settings) -> tuple[PolicyBTReward, list[dict]]:
+    """Train ``policy-bt`` on graded policy samples of the train prompts; returns (model, grid).
+
+    ``train_procedure`` chooses (q, c, lambda) without reading D and trains the final head on D
+    (``settings``: any of ``PROCEDURE_DEFAULTS``). With ``range_epsilon > 0`` the declared output
+    range is then released privately (``CertifiedBT.release_range``; OS entropy unless ``rng`` is
+    given): the data-independent bound 1/lambda is far wider than the scores, which starves ITP and
+    PrivITP of acceptance mass. The model's ``meta`` holds only what does not read D (and the
+    procedure, so that ``check_sensitivity`` can rerun it); ``model.private`` holds D-derived
+    diagnostics, written apart by ``save_private``.
+    """
+    t = train_procedure(raw, prompt_ids, correct, **settings)
+    proc = t.public["procedure"]
+    model = PolicyBTReward(t.w, t.lam, t.m, proc["pairs_per_person"], proc["g_tol"], t.feature_map, base_model, task,
+                           name, {"task": task, **t.public}, private=t.private)
     if range_epsilon > 0:
         model.release_range(range_epsilon, rng)  # a one-time, private, tighter output range
-    lo, hi = min(lambdas), max(lambdas)
-    model.meta = {"task": task, "fit_prompts": len(fit_p), "validation_prompts": len(val_p),
-                  "pairs_per_prompt": pairs_per_prompt, "seed": seed, "fit_fraction": fit_fraction,
-                  "target_epsilon": target_epsilon, "n_select": n_select,
-                  "val_auc": row["val_auc"], "val_logprob_auc": lp_auc,
-                  "val_privbon_accuracy": row["val_privbon_accuracy"], "val_bon_accuracy": row["val_bon_accuracy"],
-                  "val_base_accuracy": float(y[is_val].mean()), "train_pair_accuracy": row["train_pair_accuracy"],
-                  "achieved_grad_norm": row["achieved_grad_norm"], "components": row["components"], "c": row["c"],
-                  "lambda_on_grid_edge": row["lambda"] in (lo, hi) and lo < hi,
-                  "on_grid_edge": [name for name, v, grid in (("q", row["components"], components), ("c", row["c"], cs),
-                                                              ("lambda", row["lambda"], lambdas))
-                                   if len(grid) > 1 and v in (min(grid), max(grid))]}
-    return model, grid
+    return model, t.grid
 
 
 ADVERSARIES = ("flipped", "extreme-norm", "duplicated")
 
 
-def training_differences(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct) -> np.ndarray:
-    """The preference differences d_i = phi(chosen) - phi(rejected) of the model's data D, rebuilt
-    from the train pool with the split and seeds recorded in the model."""
-    meta = model.meta
-    pid = np.asarray(prompt_ids, str)
-    fit_p, _ = split_train_prompts(pid, meta["fit_fraction"], meta["seed"])
-    ci, ri = preference_rows(pid, correct, fit_p, meta["pairs_per_prompt"], meta["seed"])
-    phi = model.feature_map(raw)
-    return phi[ci] - phi[ri]
+def model_procedure(model: PolicyBTReward) -> dict:
+    """The training settings recorded in a model file (refuses files trained by the old procedure)."""
+    proc = (model.meta or {}).get("procedure")
+    if proc is None:
+        raise ValueError("this model file records no training procedure: it was trained by privalign < 0.2, whose "
+                         "choice of (q, c, lambda) read D, so its certificate does not cover it; retrain it")
+    return proc
+
+
+def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=None) -> Trained:
+    """Rerun the model's whole training procedure (selection included) on its train pool, D edited by
+    ``edit``; refuses a pool that does not reproduce the model's settings and D."""
+    t = train_procedure(raw, prompt_ids, correct, edit=edit, **model_procedure(model))
+    if t.m != model.m or (edit is None and (t.settings != (model.meta["components"], model.meta["c"], model.lam)
+                                            or not np.allclose(t.w, model.w, rtol=0, atol=1e-6))):
+        raise ValueError(f"the train pool does not reproduce the model (m = {t.m} against {model.m}, settings "
+                         f"{t.settings}): pass the pool it was trained on")
+    return t
 
 
 def check_sensitivity(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, trials: int = 24,
                       seed: int = 0) -> list[dict]:
-    """Retrain with one person's k pairs replaced by adversarial ones, ``trials`` times, cycling
-    through ``ADVERSARIES``: their pairs flipped; pairs of the largest possible norm (phi+ = -phi- =
-    a unit vector along +-w, or a random one); another person's pairs duplicated. Each row reports
-    max |r_D - r_D'| over every train sample and ||w_D - w_D'||, the supremum over all inputs with
-    ||phi|| <= 1, beside the certified Delta_r."""
-    d = training_differences(model, raw, prompt_ids, correct)
-    if d.shape[0] != model.m:
-        raise ValueError(f"the train pool gives {d.shape[0]} pairs, the model was trained on m={model.m}")
-    k = model.k
-    w_d, _ = fit_bt(d, model.lam, model.g_tol)
-    probe = model.feature_map(raw)
+    """Rerun the whole training procedure, selection included, with one person's k pairs replaced by
+    adversarial ones, ``trials`` times, cycling through ``ADVERSARIES``: their pairs flipped; pairs
+    of the largest possible norm (phi+ = -phi- = a unit vector along +-w, or a random one); another
+    person's pairs duplicated. Each row reports whether the chosen (q, c, lambda) changed, max
+    |r_D - r_D'| over every train sample (each model with its own feature map) and, when the
+    settings agree, ||w_D - w_D'||, the supremum over all inputs with ||phi|| <= 1, beside the
+    certified Delta_r."""
+    base = retrain(model, raw, prompt_ids, correct)
+    k, m = model.k, model.m
+    w_d = base.w
+    probe = base.feature_map(raw) @ w_d
     rng = np.random.default_rng(seed)
     rows = []
     for trial in range(trials):
         kind = ADVERSARIES[trial % len(ADVERSARIES)]
-        person = int(rng.integers(0, d.shape[0] // k))
+        person = int(rng.integers(0, m // k))
         block = slice(person * k, person * k + k)
-        d2 = d.copy()
-        if kind == "flipped":
-            d2[block] = -d[block]
-        elif kind == "extreme-norm":
-            u = w_d if trial % 2 else rng.standard_normal(d.shape[1])
+        u = None
+        if kind == "extreme-norm":
+            u = w_d if trial % 2 else rng.standard_normal(w_d.size)
             u = u / (np.linalg.norm(u) or 1.0) * (1 if rng.random() < 0.5 else -1)
-            d2[block] = 2 * u
-        else:
-            other = int(rng.integers(0, d.shape[0] // k))
-            d2[block] = d[other * k:other * k + k]
-        w2, _ = fit_bt(d2, model.lam, model.g_tol)
-        rows.append({"trial": trial, "adversary": kind, "person": person,
-                     "max_score_change": float(np.max(np.abs(probe @ (w_d - w2)))),
-                     "weight_change": float(np.linalg.norm(w_d - w2)), "certified": model.sensitivity})
+        other = int(rng.integers(0, m // k))
+
+        def edit(d, kind=kind, block=block, other=other, u=u):
+            d2 = d.copy()
+            if kind == "flipped":
+                d2[block] = -d[block]
+            elif kind == "extreme-norm":
+                d2[block] = 2 * u
+            else:
+                d2[block] = d[other * k:other * k + k]
+            return d2
+
+        t = retrain(model, raw, prompt_ids, correct, edit)
+        same = t.settings == base.settings
+        rows.append({"trial": trial, "adversary": kind, "person": person, "settings_changed": not same,
+                     "max_score_change": float(np.max(np.abs(probe - t.feature_map(raw) @ t.w))),
+                     "weight_change": float(np.linalg.norm(w_d - t.w)) if same else math.inf,
+                     "certified": model.sensitivity})
     return rows
