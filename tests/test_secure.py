@@ -47,6 +47,30 @@ def test_service_requests_use_the_secure_generator(tmp_path, monkeypatch):
             assert charged / SNAP == int(charged / SNAP) or charged == eps_max
 
 
+def test_service_charges_a_privitp_overrun_in_full(tmp_path, monkeypatch):
+    """Issue 23: a realised ex-post epsilon above the reserved worst case is charged in full (the
+    filter's rule), never clamped to epsilon_max; the worst case is reserved on the snapping grid."""
+    import dataclasses
+
+    from privalign.server import app as server_app
+    from privalign.server.app import Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    cfg = ServiceConfig.model_validate({"ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"},
+                                        "reward": {"kind": "stub", "output_range": [0, 1], "sensitivity": 0.1},
+                                        "budgets": [{"name": "default", "epsilon_total": 1000.0, "delta_total": 0.9}]})
+    svc = Service(cfg, generator=StubGenerator())
+    real = server_app.M.privitp
+    eps_max = snap_up(A.privitp_epsilon_max(4, 0.05, 1.0, 1.0, 1e-8, 0.1, 1.0))
+    monkeypatch.setattr(server_app.M, "privitp",
+                        lambda *a, **kw: dataclasses.replace(real(*a, **kw), epsilon=3 * eps_max))
+    out = svc.answer([{"role": "user", "content": "hi"}], {"mechanism": "privitp", "n": 4}, "default")
+    assert out["privalign"]["epsilon_max"] == pytest.approx(eps_max, rel=1e-11)
+    charged = {rid: e for rid, _, e, _ in svc.ledger.charges("default")}[out["privalign"]["request_id"]]
+    assert charged == snap_up(3 * eps_max) > eps_max
+    assert svc.ledger.check() == []
+
+
 def test_gumbel_noise_never_draws_the_infinite_atom():
     class ZerosFirst(np.random.Generator):
         calls = 0

@@ -248,8 +248,11 @@ class Service:
                     o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
                 o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
             else:
-                o["epsilon_max"] = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"],
-                                                self.sensitivity, self.range[1] - self.range[0])
+                # reserved on the same 2^-20 grid as the ex-post charge, so snapping never lifts a charge
+                # above its reservation; a realised cost above it is still charged in full (the filter's rule)
+                eps_max = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
+                                       self.range[1] - self.range[0])
+                o["epsilon_max"] = snap_up(eps_max) if math.isfinite(eps_max) else eps_max
         except ValueError as e:  # e.g. epsilon = 1e-320: the noise it needs overflows
             raise ApiError(400, "invalid_request", f"privalign options cannot be served: {e}") from None
         if not math.isfinite(o["epsilon_max"]):
@@ -331,7 +334,7 @@ class Service:
         try:
             # the ex-post cost is snapped up to a 2^-20 grid before it is recorded or released, so the
             # response and the budget's remaining epsilon carry no low bits of PrivITP's noisy threshold
-            cost = min(snap_up(sel.epsilon), o["epsilon_max"]) if o["mechanism"] == "privitp" else sel.epsilon
+            cost = snap_up(sel.epsilon) if o["mechanism"] == "privitp" else sel.epsilon
             charged, state = self.ledger.settle_state(rid, cost)  # durable before the response leaves
         except Exception as e:
             self._settle_worst_case(rid)  # the answer is withheld, but its candidates were scored
