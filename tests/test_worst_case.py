@@ -133,7 +133,7 @@ def test_run_refuses_before_and_charges_after():
 
 
 @settings(max_examples=60, deadline=None)
-@given(total=st.floats(0.1, 10.0), comp=st.sampled_from(A.COMPOSITIONS),
+@given(total=st.floats(0.1, 10.0), comp=st.sampled_from(("fsrc", "basic")),
        ops=st.lists(st.tuples(st.sampled_from(["charge", "reserve"]), st.floats(0.0, 2.0), st.floats(0.0, 1.0),
                               st.floats(-1e-6, 1e-6)), max_size=30))
 def test_every_delivered_answer_is_covered(total, comp, ops):

@@ -37,13 +37,15 @@ def worked_example(seed: int = 0) -> str:
               f"guarantee above 1; the exact analytic Gaussian mechanism gives {p.epsilon_1:.3f}.", ""]
 
     lines.append("A stream of PrivITP queries under a total budget epsilon = 50 (delta = 0.5):")
+    event = A.privitp_event(n, beta, sx, sz, delta, 1.0, 1.0)  # its worst case, delta and rho
     for comp in A.COMPOSITIONS:
         f = A.PrivacyFilter(50.0, 0.5, comp)
-        while f.can_run(eps_max, delta):
+        while f.can_run(event=event):
             q = privitp(rng.beta(5, 2, n), rng.beta(5, 2, n), beta=beta, sigma_x=sx, sigma_z=sz,
                         delta=delta, rng=rng)
-            f.charge(q.epsilon, delta, epsilon_max=eps_max)
-        lines.append(f"  {comp:<6} composition answered {f.queries:>3} queries, spent epsilon {f.spent.epsilon:.2f}")
+            f.charge(q.epsilon, event=event)
+        lines.append(f"  {comp:<6} composition answered {f.queries:>3} queries, spent epsilon {f.spent.epsilon:.2f}"
+                     + (f" (rho {f.spent_rho:.3g} of {f.rho_total:.3g})" if comp == "zcdp" else ""))
     return "\n".join(lines)
 
 

@@ -6,7 +6,13 @@ Every budget guards one reward model / private data set. Charging has two steps:
    (epsilon_max, delta) under the filter rule (``accounting.filter.admits``), or refuse.
 2. ``settle``: after selection, in one transaction, charge the realised cost
    (``accounting.filter.charge_amount``: ex-post under FSRC, the worst case under basic
-   composition) and release the rest of the reservation.
+   composition; ``charge_rho``: the query's rho under zCDP) and release the rest of the
+   reservation.
+
+Each reservation records the query's privacy event (mechanism, parameters as JSON, epsilon_max,
+delta, rho) and each settlement the realised epsilon, so a budget can be re-accounted under another
+composition (``account``, ``privalign ledger account``). A zcdp budget admits by rho against its
+rho_total (the largest rho whose conversion fits its (epsilon_total, delta_total)).
 
 The record is append-only: one ``events`` row per reservation, settlement or recovery, never
 updated or deleted. Per-budget counters are updated in the same transactions, so admission does
@@ -33,7 +39,18 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .accounting.filter import COMPOSITIONS, Privacy, admits, charge_amount
+from .accounting.events import PrivacyEvent, account
+from .accounting.filter import (
+    COMPOSITIONS,
+    Privacy,
+    admits,
+    admits_rho,
+    budget_rho_total,
+    charge_amount,
+    charge_rho,
+    query_rho,
+)
+from .accounting.zcdp import check_rho, pure_dp_rho, zcdp_epsilon
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS budgets (
@@ -41,14 +58,29 @@ SCHEMA = [
         delta_total DOUBLE PRECISION NOT NULL, composition TEXT NOT NULL,
         spent_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, spent_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
         reserved_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, reserved_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
-        queries BIGINT NOT NULL DEFAULT 0, refusals BIGINT NOT NULL DEFAULT 0, open BIGINT NOT NULL DEFAULT 0)""",
+        queries BIGINT NOT NULL DEFAULT 0, refusals BIGINT NOT NULL DEFAULT 0, open BIGINT NOT NULL DEFAULT 0,
+        rho_total DOUBLE PRECISION, spent_rho DOUBLE PRECISION NOT NULL DEFAULT 0,
+        reserved_rho DOUBLE PRECISION NOT NULL DEFAULT 0)""",
     """CREATE TABLE IF NOT EXISTS events (
         id {serial}, budget TEXT NOT NULL, kind TEXT NOT NULL, reservation BIGINT, request_id TEXT, owner TEXT,
         epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
-        epsilon_max DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+        epsilon_max DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
+        rho DOUBLE PRECISION, mechanism TEXT, params TEXT, realised DOUBLE PRECISION)""",
     "CREATE UNIQUE INDEX IF NOT EXISTS events_one_settlement ON events (reservation)",
     "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat DOUBLE PRECISION NOT NULL)",
     "CREATE INDEX IF NOT EXISTS events_budget ON events (budget, kind)",
+]
+
+# columns added after the first release: (table, column, type); ``Ledger`` adds any that an existing
+# database lacks (rows written before them have rho, mechanism, params and realised NULL)
+MIGRATIONS = [
+    ("budgets", "rho_total", "DOUBLE PRECISION"),
+    ("budgets", "spent_rho", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
+    ("budgets", "reserved_rho", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
+    ("events", "rho", "DOUBLE PRECISION"),
+    ("events", "mechanism", "TEXT"),
+    ("events", "params", "TEXT"),
+    ("events", "realised", "DOUBLE PRECISION"),
 ]
 
 
@@ -65,10 +97,17 @@ class _Op:
 
 
 class BudgetExhausted(Exception):
-    def __init__(self, name: str, epsilon_max: float, delta: float, remaining: Privacy):
+    def __init__(self, name: str, epsilon_max: float, delta: float, remaining: Privacy, rho: float | None = None,
+                 remaining_rho: float | None = None):
         self.name, self.epsilon_max, self.delta, self.remaining = name, epsilon_max, delta, remaining
-        super().__init__(f"budget {name!r} cannot cover this query's worst case (epsilon_max={epsilon_max:.6g}, "
-                         f"delta={delta:.3g}); remaining epsilon={remaining.epsilon:.6g}, delta={remaining.delta:.3g}")
+        self.rho, self.remaining_rho = rho, remaining_rho
+        if rho is not None:
+            msg = (f"budget {name!r} cannot cover this query's rho={rho:.6g} (zcdp, epsilon_max={epsilon_max:.6g}); "
+                   f"remaining rho={remaining_rho:.6g}")
+        else:
+            msg = (f"budget {name!r} cannot cover this query's worst case (epsilon_max={epsilon_max:.6g}, "
+                   f"delta={delta:.3g}); remaining epsilon={remaining.epsilon:.6g}, delta={remaining.delta:.3g}")
+        super().__init__(msg)
 
 
 class UnknownBudget(KeyError):
@@ -86,28 +125,57 @@ class BudgetState:
     queries: int
     refusals: int
     open: int
+    rho_total: float | None = None
+    spent_rho: float = 0.0
+    reserved_rho: float = 0.0
+
+    @property
+    def zcdp(self) -> bool:
+        return self.composition == "zcdp"
+
+    def _converted(self, rho: float) -> Privacy:
+        return Privacy(zcdp_epsilon(rho, self.total.delta), self.total.delta) if rho > 0 else Privacy(0.0, 0.0)
+
+    @property
+    def spent_privacy(self) -> Privacy:
+        """The (epsilon, delta) spent: the sum of charges, or under zcdp the conversion of rho spent."""
+        return self._converted(self.spent_rho) if self.zcdp else self.spent
+
+    @property
+    def remaining_rho(self) -> float | None:
+        return max(self.rho_total - self.spent_rho - self.reserved_rho, 0.0) if self.zcdp else None
 
     @property
     def remaining(self) -> Privacy:
+        if self.zcdp:
+            used = self._converted(self.spent_rho + self.reserved_rho)
+            return Privacy(max(self.total.epsilon - used.epsilon, 0.0),
+                           self.total.delta if self.remaining_rho > 0 else 0.0)
         return Privacy(max(self.total.epsilon - self.spent.epsilon - self.reserved.epsilon, 0.0),
                        max(self.total.delta - self.spent.delta - self.reserved.delta, 0.0))
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "tenant": self.tenant, "composition": self.composition,
-                "epsilon_total": self.total.epsilon, "delta_total": self.total.delta,
-                "epsilon_spent": self.spent.epsilon, "delta_spent": self.spent.delta,
-                "epsilon_reserved": self.reserved.epsilon, "delta_reserved": self.reserved.delta,
-                "epsilon_remaining": self.remaining.epsilon, "delta_remaining": self.remaining.delta,
-                "queries": self.queries, "refusals": self.refusals, "open_reservations": self.open}
+        spent = self.spent_privacy
+        out = {"name": self.name, "tenant": self.tenant, "composition": self.composition,
+               "epsilon_total": self.total.epsilon, "delta_total": self.total.delta,
+               "epsilon_spent": spent.epsilon, "delta_spent": spent.delta,
+               "epsilon_reserved": self.reserved.epsilon, "delta_reserved": self.reserved.delta,
+               "epsilon_remaining": self.remaining.epsilon, "delta_remaining": self.remaining.delta,
+               "queries": self.queries, "refusals": self.refusals, "open_reservations": self.open}
+        if self.zcdp:
+            out.update(rho_total=self.rho_total, rho_spent=self.spent_rho, rho_reserved=self.reserved_rho,
+                       rho_remaining=self.remaining_rho)
+        return out
 
 
 _COLS = ("name, tenant, epsilon_total, delta_total, composition, spent_epsilon, spent_delta, reserved_epsilon, "
-         "reserved_delta, queries, refusals, open")
+         "reserved_delta, queries, refusals, open, rho_total, spent_rho, reserved_rho")
 
 
 def _state(row) -> BudgetState:
     return BudgetState(row[0], row[1], Privacy(row[2], row[3]), row[4], Privacy(row[5], row[6]),
-                       Privacy(row[7], row[8]), int(row[9]), int(row[10]), int(row[11]))
+                       Privacy(row[7], row[8]), int(row[9]), int(row[10]), int(row[11]),
+                       None if row[12] is None else float(row[12]), float(row[13]), float(row[14]))
 
 
 def _provably_dead(owner: str | None) -> bool:
@@ -152,6 +220,17 @@ class Ledger:
             for stmt in SCHEMA:
                 cur.execute(stmt.format(serial="BIGSERIAL PRIMARY KEY" if self.postgres
                                         else "INTEGER PRIMARY KEY AUTOINCREMENT"))
+            self._migrate(cur)
+
+    def _migrate(self, cur) -> None:
+        """Add the columns of ``MIGRATIONS`` that an existing database lacks (in the same transaction)."""
+        for table, column, kind in MIGRATIONS:
+            if self.postgres:
+                cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
+            else:
+                cur.execute(f"PRAGMA table_info({table})")
+                if column not in {r[1] for r in cur.fetchall()}:
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     # ------------------------------------------------------------------ connections and transactions
     def _conn(self):
@@ -278,25 +357,29 @@ class Ledger:
     # ------------------------------------------------------------------ budgets
     def set_budget(self, name: str, epsilon_total: float, delta_total: float = 0.0, composition: str = "fsrc",
                    tenant: str | None = None) -> BudgetState:
-        """Create a budget, or raise an existing one (a total can only grow; composition is fixed)."""
+        """Create a budget, or raise an existing one (a total can only grow). Its composition can
+        change only while it has no charge and no open reservation."""
         if composition not in COMPOSITIONS:
             raise ValueError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
         if not (epsilon_total > 0 and math.isfinite(epsilon_total)) or not (0 <= delta_total < 1):
             raise ValueError(f"need epsilon_total > 0 and 0 <= delta_total < 1, got {epsilon_total!r}, {delta_total!r}")
+        rho_total = budget_rho_total(composition, epsilon_total, delta_total)  # zcdp with delta_total 0: ValueError
         with self._tx() as cur:
             try:
                 state = self._lock(cur, name)
             except UnknownBudget:
-                cur.execute(self._q("INSERT INTO budgets (name, tenant, epsilon_total, delta_total, composition) "
-                                    "VALUES (?, ?, ?, ?, ?)"), (name, tenant, epsilon_total, delta_total, composition))
+                cur.execute(self._q("INSERT INTO budgets (name, tenant, epsilon_total, delta_total, composition, "
+                                    "rho_total) VALUES (?, ?, ?, ?, ?, ?)"),
+                            (name, tenant, epsilon_total, delta_total, composition, rho_total))
                 return self._lock(cur, name)
-            if composition != state.composition:
-                raise ValueError(f"budget {name!r} uses {state.composition!r} composition; it cannot change")
+            if composition != state.composition and (state.queries or state.open):
+                raise ValueError(f"budget {name!r} uses {state.composition!r} composition and has charges; it cannot "
+                                 f"change to {composition!r}")
             if epsilon_total < state.total.epsilon or delta_total < state.total.delta:
                 raise ValueError(f"budget {name!r} can only be raised (now epsilon={state.total.epsilon}, "
                                  f"delta={state.total.delta})")
-            cur.execute(self._q("UPDATE budgets SET epsilon_total = ?, delta_total = ? WHERE name = ?"),
-                        (epsilon_total, delta_total, name))
+            cur.execute(self._q("UPDATE budgets SET epsilon_total = ?, delta_total = ?, composition = ?, rho_total = ? "
+                                "WHERE name = ?"), (epsilon_total, delta_total, composition, rho_total, name))
             return self._lock(cur, name)
 
     def budget(self, name: str) -> BudgetState:
@@ -316,22 +399,44 @@ class Ledger:
         return [_state(r) for r in cur.fetchall()]
 
     # ------------------------------------------------------------------ the two steps
-    def reserve(self, name: str, epsilon_max: float, delta: float, request_id: str | None = None) -> int:
-        """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes)."""
+    def reserve(self, name: str, epsilon_max: float = 0.0, delta: float = 0.0, request_id: str | None = None, *,
+                rho: float | None = None, event: PrivacyEvent | None = None) -> int:
+        """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes).
+        ``event`` (``accounting.events``) gives the query's epsilon_max, delta, rho, mechanism and
+        parameters at once; a zcdp budget needs a rho (a pure query without one costs epsilon^2 / 2)."""
+        mechanism, params = "query", None
+        if event is not None:
+            epsilon_max, delta, rho, mechanism, params = (event.epsilon, event.delta, event.rho, event.mechanism,
+                                                          event.to_json())
         if not (epsilon_max >= 0 and math.isfinite(epsilon_max)) or not (0 <= delta < 1):
             raise ValueError(f"invalid worst case epsilon_max={epsilon_max!r}, delta={delta!r}")
+        if rho is not None:
+            rho = check_rho(rho)
+        elif delta == 0:
+            rho = pure_dp_rho(epsilon_max) if epsilon_max > 0 else 0.0  # any pure epsilon-DP query
+
         def op(cur):
             s = self._lock(cur, name)
-            if not admits(s.spent, s.reserved, s.total, epsilon_max, delta):
+            if s.zcdp:
+                q_rho = query_rho(epsilon_max, delta, rho)  # ValueError: no zCDP bound (rolled back)
+                fits = admits_rho(s.spent_rho, s.reserved_rho, s.rho_total, q_rho)
+            else:
+                q_rho = rho
+                fits = admits(s.spent, s.reserved, s.total, epsilon_max, delta)
+            if not fits:
                 cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (name,))
-                return BudgetExhausted(name, epsilon_max, delta, s.remaining)
+                return BudgetExhausted(name, epsilon_max, delta, s.remaining, q_rho if s.zcdp else None,
+                                       s.remaining_rho)
             cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
-                                "created) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?)" + (" RETURNING id" if self.postgres else "")),
-                        (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time()))
+                                "created, rho, mechanism, params) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                                + (" RETURNING id" if self.postgres else "")),
+                        (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time(),
+                         q_rho, mechanism, params))
             rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
             cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
-                                "reserved_delta = reserved_delta + ?, open = open + 1 WHERE name = ?"),
-                        (epsilon_max, delta, name))
+                                "reserved_delta = reserved_delta + ?, reserved_rho = reserved_rho + ?, "
+                                "open = open + 1 WHERE name = ?"),
+                        (epsilon_max, delta, q_rho or 0.0, name))
             return rid
 
         rid = self._run(op, durable=False)
@@ -340,35 +445,41 @@ class Ledger:
         return rid
 
     def settle(self, reservation: int, epsilon: float | None = None, kind: str = "settle") -> float:
-        """Charge the realised cost (``None``: the worst case) and release the rest, atomically."""
+        """Charge the realised cost (``None``: the worst case) and release the rest, atomically.
+        Returns the epsilon charged (under zcdp: the query's epsilon; its rho is in ``settle_state``)."""
         return self.settle_state(reservation, epsilon, kind)[0]
 
     def settle_state(self, reservation: int, epsilon: float | None = None, kind: str = "settle"
                      ) -> tuple[float, BudgetState]:
         """``settle``, also returning the budget's state right after the charge."""
         def op(cur):
-            cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max FROM events WHERE id = ? AND kind = 'reserve'"),
-                        (reservation,))
+            cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max, rho, mechanism, params FROM events "
+                                "WHERE id = ? AND kind = 'reserve'"), (reservation,))
             row = cur.fetchone()
             if row is None:
                 raise KeyError(f"no reservation {reservation}")
-            name, request_id, delta, eps_max = row
+            name, request_id, delta, eps_max, rho, mechanism, params = row
             s = self._lock(cur, name)
-            amount = charge_amount(s.composition, eps_max if epsilon is None else float(epsilon), eps_max)
+            realised = eps_max if epsilon is None else float(epsilon)
+            amount = charge_amount("basic" if s.zcdp else s.composition, realised, eps_max)
+            rho_charged = None if rho is None else charge_rho(float(rho), realised, eps_max)
             # the unique index on events(reservation) makes a second settlement fail
             cur.execute(self._q("INSERT INTO events (budget, kind, reservation, request_id, epsilon, delta, epsilon_max, "
-                                "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"),
-                        (name, kind, reservation, request_id, amount, delta, eps_max, time.time()))
+                                "created, rho, mechanism, params, realised) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                        (name, kind, reservation, request_id, amount, delta, eps_max, time.time(), rho_charged,
+                         mechanism, params, None if epsilon is None else realised))
             clamp = "GREATEST" if self.postgres else "MAX"
             cur.execute(self._q(f"UPDATE budgets SET spent_epsilon = spent_epsilon + ?, spent_delta = spent_delta + ?, "
                                 f"reserved_epsilon = {clamp}(reserved_epsilon - ?, 0), "
                                 f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
+                                f"spent_rho = spent_rho + ?, reserved_rho = {clamp}(reserved_rho - ?, 0), "
                                 f"queries = queries + 1, open = open - 1 WHERE name = ?"),
-                        (amount, delta, eps_max, delta, name))
+                        (amount, delta, eps_max, delta, rho_charged or 0.0, rho or 0.0, name))
             return amount, BudgetState(s.name, s.tenant, s.total, s.composition,
                                        Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
                                        Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
-                                       s.queries + 1, s.refusals, s.open - 1)
+                                       s.queries + 1, s.refusals, s.open - 1, s.rho_total,
+                                       s.spent_rho + (rho_charged or 0.0), max(s.reserved_rho - (rho or 0.0), 0.0))
 
         return self._run(op, durable=True)
 
@@ -407,13 +518,39 @@ class Ledger:
                             "ORDER BY id"), (name,))
         return cur.fetchall()
 
+    def history(self, name: str) -> list[tuple[PrivacyEvent, float | None, str]]:
+        """Every settled query of a budget, oldest first: (its event, the realised epsilon or None for a
+        worst-case settlement, the settlement's kind)."""
+        cur = self._conn().cursor()
+        cur.execute(self._q("SELECT s.mechanism, s.epsilon_max, s.delta, r.rho, s.params, s.realised, s.kind "
+                            "FROM events s JOIN events r ON r.id = s.reservation WHERE s.budget = ? "
+                            "AND s.kind != 'reserve' ORDER BY s.id"), (name,))
+        return [(PrivacyEvent.from_record(m, e, d, rho, p), realised, kind)
+                for m, e, d, rho, p, realised, kind in cur.fetchall()]
+
+    def account(self, name: str) -> dict:
+        """Re-account a budget's history under every composition (``accounting.events.account``).
+        Settlements recorded before rho was (pre-migration rows) count as epsilon_max^2 / 2 when they
+        were pure (delta = 0); with any other, zcdp's total is unknown."""
+        state = self.budget(name)
+        charges, derived = [], 0
+        for ev, realised, _ in self.history(name):
+            if ev.rho is None and ev.delta == 0:
+                ev = PrivacyEvent(ev.mechanism, ev.epsilon, 0.0, pure_dp_rho(ev.epsilon) if ev.epsilon > 0 else 0.0,
+                                  ev.params)
+                derived += 1
+            charges.append((ev, realised))
+        out = {c: account(charges, c, state.total.delta if state.total.delta > 0 else None) for c in COMPOSITIONS}
+        out["zcdp"]["derived_rho"] = derived
+        return {"budget": state.as_dict(), "accounts": out}
+
     def check(self) -> list[str]:
         """Recompute every budget from its events; return the inconsistencies found (none: [])."""
         problems = []
         for s in self.budgets():
             cur = self._conn().cursor()
-            cur.execute(self._q("SELECT kind, epsilon, delta, epsilon_max, reservation, id FROM events WHERE budget = ?"),
-                        (s.name,))
+            cur.execute(self._q("SELECT kind, epsilon, delta, epsilon_max, reservation, id, rho FROM events "
+                                "WHERE budget = ?"), (s.name,))
             rows = cur.fetchall()
             settled = [r for r in rows if r[0] != "reserve"]
             settled_ids = {r[4] for r in settled}
@@ -424,7 +561,15 @@ class Ledger:
                 problems.append(f"{s.name}: counters say spent {s.spent.epsilon}, events say {spent}")
             if len(open_) != s.open or not math.isclose(reserved, s.reserved.epsilon, rel_tol=1e-9, abs_tol=1e-9):
                 problems.append(f"{s.name}: {s.open} open reservations by counter, {len(open_)} by events")
-            if spent + reserved > s.total.epsilon * (1 + 1e-12):
+            if s.zcdp:
+                spent_rho = math.fsum(r[6] or 0.0 for r in settled)
+                reserved_rho = math.fsum(r[6] or 0.0 for r in open_)
+                if not math.isclose(spent_rho, s.spent_rho, rel_tol=1e-9, abs_tol=1e-12):
+                    problems.append(f"{s.name}: counters say rho spent {s.spent_rho}, events say {spent_rho}")
+                if spent_rho + reserved_rho > s.rho_total * (1 + 1e-12):
+                    problems.append(f"{s.name}: rho spent {spent_rho} + reserved {reserved_rho} exceeds rho_total "
+                                    f"{s.rho_total}")
+            elif spent + reserved > s.total.epsilon * (1 + 1e-12):
                 problems.append(f"{s.name}: spent {spent} + reserved {reserved} exceeds the total {s.total.epsilon}")
             if len(settled) != s.queries:
                 problems.append(f"{s.name}: {s.queries} queries by counter, {len(settled)} settlements")

@@ -24,6 +24,7 @@ from .._special import log_mean_ndtr
 from .._validation import check_count, check_delta, check_nonnegative, check_positive, check_rewards
 from ._rounding import margin_up, ulp_up
 from .gaussian import gaussian_mechanism_epsilon
+from .zcdp import gaussian_rho, pure_dp_rho
 
 
 def itp_lambda(rewards, beta: float) -> float:
@@ -181,6 +182,18 @@ def _sup_monotone_sum(terms, lo: float, hi: float, rel_tol: float = 1e-8, refine
     return max(bound, best)
 
 
+def _phase2_worst(n: int, beta: float, sigma_z: float, delta_r: float, r_max: float, L: float) -> float:
+    """max over lambda~ in [-beta, R_max] of max(eps_2^post(n), n kappa), before rounding."""
+
+    def terms(x):
+        kappa, accept = _terms(np.asarray(x), sigma_z, delta_r, r_max, L)
+        return (n - 1) * kappa, accept
+
+    worst_t_n = _sup_monotone_sum(terms, -beta, r_max)
+    worst_fallback = n * float(_terms(np.array([-beta]), sigma_z, delta_r, r_max, L)[0][0])  # kappa is non-increasing
+    return max(worst_t_n, worst_fallback)
+
+
 def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, delta: float,
                         sensitivity: float, r_max: float, truncation: float | None = None,
                         method: str = "analytic") -> float:
@@ -193,13 +206,27 @@ def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, del
     L = default_truncation(n) if truncation is None else truncation
     sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
     eps1 = gaussian_mechanism_epsilon(sigma_x, delta_r, check_delta(delta), method=method)
-
-    def terms(x):
-        kappa, accept = _terms(np.asarray(x), sigma_z, delta_r, r_max, L)
-        return (n - 1) * kappa, accept
-
-    worst_t_n = _sup_monotone_sum(terms, -beta, r_max)
-    worst_fallback = n * float(_terms(np.array([-beta]), sigma_z, delta_r, r_max, L)[0][0])  # kappa is non-increasing
     # one ulp on top of the margin: a realised cost is ulp_up(epsilon_1 + margin_up(epsilon_2)), which
     # equals margin_up(epsilon_1 + epsilon_2) before its own ulp when epsilon_1 = 0
-    return ulp_up(margin_up(eps1 + max(worst_t_n, worst_fallback)))
+    return ulp_up(margin_up(eps1 + _phase2_worst(n, beta, sigma_z, delta_r, r_max, L)))
+
+
+def privitp_epsilon2_max(n: int, beta: float, sigma_z: float, sensitivity: float, r_max: float,
+                         truncation: float | None = None) -> float:
+    """Phase 2's pure worst case alone: max over lambda~ and t of eps_2^post (fallback included)."""
+    n = check_count("n", n)
+    beta = check_positive("beta", beta)
+    L = default_truncation(n) if truncation is None else truncation
+    sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
+    return ulp_up(margin_up(_phase2_worst(n, beta, sigma_z, delta_r, r_max, L)))
+
+
+def privitp_rho(n: int, beta: float, sigma_x: float, sigma_z: float, sensitivity: float, r_max: float,
+                truncation: float | None = None) -> float:
+    """PrivITP's zCDP parameter: Phase 1 is a Gaussian mechanism (Delta_r^2 / (2 sigma_X^2), no delta)
+    and Phase 2, given lambda~, is pure epsilon_2max-DP (epsilon_2max^2 / 2); zCDP composes
+    adaptively, so rho = Delta_r^2 / (2 sigma_X^2) + epsilon_2max^2 / 2 (``accounting.zcdp``)."""
+    eps2 = privitp_epsilon2_max(n, beta, sigma_z, sensitivity, r_max, truncation)
+    if not math.isfinite(eps2):
+        return math.inf
+    return margin_up(gaussian_rho(sigma_x, sensitivity) + (pure_dp_rho(eps2) if eps2 > 0 else 0.0))
