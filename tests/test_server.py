@@ -800,3 +800,41 @@ def test_openai_backend_does_not_retry_what_the_server_marks_final(tmp_path):
         gen.close()
     finally:
         srv.stop()
+
+
+def test_zcdp_budget_serves_the_cks_count_of_gumbel_queries(tmp_path):
+    """Issue 18: (10, 1e-6) under zcdp answers 136 Gumbel PrivBoN queries at epsilon 0.3 and 1,231 at 0.1
+    (at least 95% of 8 rho_total / epsilon^2, at most the Gaussian limit's 151 and 1,366; basic: 33, 100)."""
+    srv = Server(tmp_path, STUB.format(total=50.0))
+    srv.start()
+    try:
+        status, body = call(srv.url, "/v1/budgets/acme-z", {"epsilon_total": 10, "delta_total": 0.0,
+                                                            "composition": "zcdp", "tenant": "acme"}, key=ADMIN)
+        assert status == 400 and "delta_total" in body["error"]["message"]  # no conversion exists at delta 0
+        status, body = call(srv.url, "/v1/budgets/acme-z", {"epsilon_total": 10, "delta_total": 1e-6,
+                                                            "composition": "renyi", "tenant": "acme"}, key=ADMIN)
+        assert status == 400 and "renyi" in body["error"]["message"]
+        for eps, low, high in ((0.3, 129, 151), (0.1, 1170, 1366)):
+            name = f"acme-z{eps}"
+            status, b = call(srv.url, f"/v1/budgets/{name}", {"epsilon_total": 10, "delta_total": 1e-6,
+                                                             "composition": "zcdp", "tenant": "acme"}, key=ADMIN)
+            assert status == 200 and b["rho_total"] == pytest.approx(1.539, abs=1e-3)
+            answered = 0
+            while True:
+                status, body = chat(srv.url, {"mechanism": "privbon", "epsilon": eps, "n": 4, "budget": name})
+                if status != 200:
+                    break
+                answered += 1
+                p = body["privalign"]
+                assert p["composition"] == "zcdp" and p["rho_charged"] == pytest.approx(eps ** 2 / 8)
+                assert p["epsilon_charged"] == pytest.approx(eps) and "rho" in p["budget_remaining"]
+            assert status == 429 and body["error"]["type"] == "budget_exhausted" and "rho" in body["error"]
+            assert low <= answered <= high, answered
+            state = call(srv.url, f"/v1/budgets/{name}")[1]
+            assert state["queries"] == answered and state["rho_spent"] <= state["rho_total"]
+            assert state["epsilon_spent"] <= 10 and state["delta_spent"] == 1e-6
+        led = Ledger(str(srv.ledger_path))
+        assert led.check() == []
+        assert led.account("acme-z0.3")["accounts"]["basic"]["epsilon"] == pytest.approx(136 * 0.3)
+    finally:
+        srv.stop()

@@ -229,3 +229,14 @@ def test_an_existing_ledger_is_migrated_and_keeps_its_history(tmp_path):
     assert acc["fsrc"]["epsilon"] == pytest.approx(0.8) and acc["zcdp"]["derived_rho"] == 1
     assert acc["zcdp"]["rho"] == pytest.approx(0.5 ** 2 / 2 + 0.3 ** 2 / 8)
     assert Ledger(str(path)).check() == []  # a second open finds nothing to migrate
+
+
+def test_a_dead_processs_zcdp_reservation_is_recovered_at_its_rho(tmp_path):
+    led = Ledger(str(tmp_path / "l.db"))
+    led.set_budget("z", 10, 1e-6, "zcdp")
+    event = A.privitp_event(8, 0.05, 0.5, 0.5, 1e-8, 0.1, 1.0)
+    led.reserve("z", event=event)  # its process "dies" before settling
+    other = Ledger(str(tmp_path / "l.db"))
+    assert other.recover(lease=0.0) == 1
+    b = other.budget("z")
+    assert b.spent_rho == pytest.approx(event.rho) and b.reserved_rho == 0 and other.check() == []

@@ -15,6 +15,7 @@ generated, halting time, epsilon charged, budget remaining.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -117,9 +118,9 @@ def shown(x: float) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def _epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> float:
-    """PrivITP's worst case per query (memoised: a service repeats its settings)."""
-    return A.privitp_epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
+def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> A.PrivacyEvent:
+    """PrivITP's event (worst case, delta, rho), cached: the worst case takes milliseconds to compute."""
+    return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
 
 
 class ApiError(Exception):
@@ -246,13 +247,16 @@ class Service:
                 else:
                     eps = ext.get("epsilon", d.epsilon)
                     o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
-                o["epsilon_max"], o["delta"] = A.gumbel_epsilon(o["noise_scale"], self.sensitivity), 0.0
+                o["event"] = A.privbon_event(o["noise_scale"], self.sensitivity, noise=self.cfg.mechanism.privbon_noise)
+                o["epsilon_max"], o["delta"] = o["event"].epsilon, 0.0
             else:
                 # reserved on the same 2^-20 grid as the ex-post charge, so snapping never lifts a charge
                 # above its reservation; a realised cost above it is still charged in full (the filter's rule)
-                eps_max = _epsilon_max(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
+                event = _privitp_event(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
                                        self.range[1] - self.range[0])
-                o["epsilon_max"] = snap_up(eps_max) if math.isfinite(eps_max) else eps_max
+                eps_max = snap_up(event.epsilon) if math.isfinite(event.epsilon) else event.epsilon
+                o["event"] = dataclasses.replace(event, epsilon=eps_max)
+                o["epsilon_max"] = eps_max
         except ValueError as e:  # e.g. epsilon = 1e-320: the noise it needs overflows
             raise ApiError(400, "invalid_request", f"privalign options cannot be served: {e}") from None
         if not math.isfinite(o["epsilon_max"]):
@@ -312,11 +316,14 @@ class Service:
         request_id = uuid.uuid4().hex
         t_l = time.perf_counter()
         try:
-            rid = self.ledger.reserve(o["budget"], o["epsilon_max"], o["delta"], request_id)
+            rid = self.ledger.reserve(o["budget"], request_id=request_id, event=o["event"])
         except BudgetExhausted as e:
             self.m_refusals.labels(o["budget"]).inc()
+            extra = {} if e.rho is None else {"rho": e.rho, "rho_remaining": e.remaining_rho}
             raise ApiError(429, "budget_exhausted", str(e), budget=o["budget"], epsilon_max=o["epsilon_max"],
-                           epsilon_remaining=e.remaining.epsilon) from None
+                           epsilon_remaining=e.remaining.epsilon, **extra) from None
+        except ValueError as e:  # e.g. a query with no zCDP bound on a zcdp budget: nothing was reserved
+            raise ApiError(400, "invalid_request", str(e)) from None
         ledger_s = time.perf_counter() - t_l
         try:
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -354,8 +361,12 @@ class Service:
         return {"text": text, "usage": usage, "privalign": {
             "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
             "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
-            "delta_charged": shown(o["delta"]), "epsilon_max": shown(o["epsilon_max"]), "budget": o["budget"],
-            "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta)}}}
+            "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
+            "rho": None if o["event"].rho is None else shown(o["event"].rho),
+            **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"]))} if state.zcdp else {}),
+            "composition": state.composition, "budget": o["budget"],
+            "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
+                                 **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
 
     def _settle_worst_case(self, rid: int) -> None:
         """Charge a reservation's worst case; if even that fails (the database is down), the

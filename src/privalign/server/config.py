@@ -127,7 +127,15 @@ class BudgetConfig(BaseModel):
     tenant: str = "default"
     epsilon_total: float = Field(gt=0)
     delta_total: float = Field(1e-6, ge=0, lt=1)
-    composition: Literal["fsrc", "basic"] = "fsrc"
+    # fsrc | basic | zcdp (rho against the rho_total that (epsilon_total, delta_total) allows; docs/accounting.md)
+    composition: Literal["fsrc", "basic", "zcdp"] = "fsrc"
+
+    @model_validator(mode="after")
+    def _zcdp_needs_a_delta(self):
+        if self.composition == "zcdp" and self.delta_total <= 0:
+            raise ValueError(f"budget {self.name!r}: delta_total must be > 0 for zcdp (rho-zCDP has no (epsilon, 0) "
+                             f"conversion), got {self.delta_total!r}")
+        return self
 
 
 class ClientConfig(BaseModel):
