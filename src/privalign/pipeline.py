@@ -149,6 +149,38 @@ def merge_shards(shards: Path, metadata: dict) -> Pool:
     return Pool(cols, metadata).validate()
 
 
+def featurize_pool(path: str | Path, generator, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Teacher-force a pool's responses through its policy and save the features beside it
+    (``<pool>.features.npz``), as ``generate --features`` would have recorded them: a response with
+    ``n_tokens`` at the pool's ``max_new_tokens`` was cut, not closed by a sampled EOS."""
+    from .tasks import Problem, get_task
+
+    pool = load_pool(path)
+    task = get_task(pool.metadata["task"])
+    cap = pool.metadata.get("sampling", {}).get("max_new_tokens")
+    pid = np.asarray(pool.columns["prompt_id"], str)
+    out = np.empty((pid.size, 0), np.float32)
+    done = 0
+    for p in dict.fromkeys(pid.tolist()):
+        rows = np.flatnonzero(pid == p)
+        prompt = str(pool.columns["prompt"][rows[0]])
+        responses = ["" if pool.columns["response"][i] is None else str(pool.columns["response"][i]) for i in rows]
+        closed = None if cap is None else [int(pool.columns["n_tokens"][i]) < int(cap) for i in rows]
+        raw = generator.featurize(task.messages(Problem(id=p, question=prompt, reference="")), responses,
+                                  closed=closed)
+        if out.shape[1] == 0:
+            out = np.zeros((pid.size, raw.shape[1]), np.float32)
+        out[rows] = raw
+        done += rows.size
+        if progress:
+            progress(done, pid.size)
+    target = features_path(path)
+    save_features(target, out, pid, pool.columns["sample_id"])
+    pool.metadata["policy_features"] = target.name
+    pool.save(path)
+    return target
+
+
 class _RecordedFeatures(RewardModel):
     """A features-based reward model applied to features recorded with the pool."""
 

@@ -301,10 +301,13 @@ class TransformersGenerator:
             res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None))
         return res
 
-    def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64):
+    def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64,
+                  closed: list[bool] | None = None):
         """Policy features of given responses to one chat prompt, by teacher forcing: the
         response's tokens followed by EOS, fed after the shared prompt cache (right-padded, which
-        a causal model never attends to). The same features ``generate(features=True)`` records."""
+        a causal model never attends to). The same features ``generate(features=True)`` records;
+        ``closed[i] = False`` marks a response that was cut at ``max_new_tokens`` (no sampled EOS),
+        whose recorded log-probability leaves the appended EOS out, as generation does."""
         import copy
 
         import numpy as np
@@ -334,7 +337,11 @@ class TransformersGenerator:
                 tok_lp = logp.gather(2, batch[..., None]).squeeze(2).double() * mask
                 # generation counts the EOS only when it was sampled; a featurised text always ends with it
                 for i, t in enumerate(toks):
-                    out.append(policy_features(last[i].numpy(), mean[i].numpy(), float(tok_lp[i].sum()), len(t)))
+                    if closed is not None and not closed[start + i] and len(t) > 1:
+                        lp, count = float(tok_lp[i, :len(t) - 1].sum()), len(t) - 1
+                    else:
+                        lp, count = float(tok_lp[i].sum()), len(t)
+                    out.append(policy_features(last[i].numpy(), mean[i].numpy(), lp, count))
         return np.stack(out)
 
 
