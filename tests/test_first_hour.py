@@ -57,7 +57,7 @@ def test_version_and_help_fit_80_columns():
     assert res.exit_code == 0 and res.output.startswith("privalign ")
     for cmd in ([], ["demo"], ["simulate"], ["evaluate"], ["report"], ["reproduce"], ["generate"], ["score"],
                 ["audit"], ["serve"], ["pool", "info"], ["pool", "validate"], ["rm", "train"],
-                ["rm", "check-sensitivity"]):
+                ["rm", "check-sensitivity"], ["plan"], ["featurize"], ["ledger"], ["ledger", "account"]):
         res = runner.invoke(app, [*cmd, "--help"], terminal_width=80, env={"COLUMNS": "80"})
         assert res.exit_code == 0, cmd
         assert max(len(line) for line in res.output.splitlines()) <= 80, cmd

@@ -240,3 +240,71 @@ def test_a_dead_processs_zcdp_reservation_is_recovered_at_its_rho(tmp_path):
     assert other.recover(lease=0.0) == 1
     b = other.budget("z")
     assert b.spent_rho == pytest.approx(event.rho) and b.reserved_rho == 0 and other.check() == []
+
+
+def test_plan_prints_queries_per_composition_and_the_epsilon_each_allows():
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", "--epsilon-total", "10", "--delta-total", "1e-6", "--mechanism", "privbon",
+                              "--epsilon", "0.3"])
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in res.output.splitlines()
+            if line.startswith("│")}
+    assert rows["basic"] == "33" and rows["fsrc"] == "33" and rows["zcdp"] == "136" and rows["(limit)"] == "151"
+    res = runner.invoke(app, ["plan", "--epsilon-total", "2", "--epsilon", "1"])  # where zcdp loses: say so
+    assert res.exit_code == 0 and "zcdp admits fewer queries than basic" in " ".join(res.output.split())
+    res = runner.invoke(app, ["plan", "--epsilon-total", "10", "--queries", "1000"])
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in res.output.splitlines()
+            if line.startswith("│")}
+    assert float(rows["basic"]) == pytest.approx(0.01) and float(rows["zcdp"]) == pytest.approx(
+        math.sqrt(8 * zcdp_rho_total(10, 1e-6) / 1000), rel=1e-3)
+    for bad in (["plan", "--epsilon-total", "10"], ["plan", "--epsilon-total", "10", "--epsilon", "1", "--mechanism",
+                                                      "laplace"]):
+        res = runner.invoke(app, bad)
+        assert res.exit_code == 2 and "error:" in res.output and "Traceback" not in res.output
+    res = runner.invoke(app, ["plan", "--epsilon-total", "10", "--epsilon", "1", "--delta-total", "0"])
+    assert res.exit_code == 0 and "│ zcdp        │       - │" in res.output  # no conversion at delta 0
+
+
+def test_plan_on_a_pool_gives_accuracy_and_rescales_to_fewer_pairs():
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+    from privalign.evaluation.suite import default_pool
+
+    _, name = default_pool()
+    from importlib import resources
+    path = str(resources.files("privalign") / "data" / name.split(": ")[1])
+    runner = CliRunner()
+    out = {}
+    for pairs in (None, 300):
+        res = runner.invoke(app, ["plan", "--epsilon-total", "10", "--queries", "1000", "--pool", path]
+                            + ([] if pairs is None else ["--pairs", str(pairs)]))
+        assert res.exit_code == 0, res.output
+        rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in res.output.splitlines()
+                if line.startswith("│") and line.split("│")[1].strip()}
+        out[pairs] = {k: float(v) for k, v in rows.items()}
+        assert "BoN (n=16)" in res.output
+    assert out[None]["zcdp"] > out[None]["basic"]  # more epsilon per query buys accuracy
+    assert out[300]["zcdp"] < out[None]["zcdp"]  # fewer people: a larger Delta_r, more noise, less accuracy
+
+
+def test_ledger_account_cli(tmp_path):
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+
+    led = Ledger(str(tmp_path / "l.db"))
+    led.set_budget("b", 10, 1e-6, "fsrc")
+    ev = A.privitp_event(8, 0.05, 0.5, 0.5, 1e-8, 0.1, 1.0)
+    for _ in range(3):
+        led.settle(led.reserve("b", event=ev), ev.epsilon / 2)
+    res = CliRunner().invoke(app, ["ledger", "account", str(tmp_path / "l.db"), "--budget", "b"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"{3 * ev.epsilon:.6g}" in text and f"{1.5 * ev.epsilon:.6g}" in text and f"{3 * ev.rho:.6g}" in text
+    res = CliRunner().invoke(app, ["ledger", "account", str(tmp_path / "l.db"), "--budget", "nope"])
+    assert res.exit_code == 2 and "unknown budget" in res.output

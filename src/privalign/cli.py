@@ -16,6 +16,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Differentially private inference-time alignment: mechanisms, experiments, reports.")
 pool_app = typer.Typer(no_args_is_help=True, help="Inspect and validate response pools.")
 app.add_typer(pool_app, name="pool")
+ledger_app = typer.Typer(no_args_is_help=True, help="Inspect a durable privacy ledger.")
+app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True, soft_wrap=True)  # one logical line stays one line (errors, paths)
 
 
@@ -647,6 +649,119 @@ def _has_gpu() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
+
+
+@app.command()
+def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
+         delta_total: float = typer.Option(1e-6, help="the budget's delta"),
+         mechanism: str = typer.Option("privbon", help="privbon, privbon-gaussian or privitp"),
+         epsilon: Optional[float] = typer.Option(None, help="epsilon per query: how many queries?"),
+         queries: Optional[int] = typer.Option(None, help="queries to serve: what epsilon each?"),
+         n: int = typer.Option(16, help="candidates per query"),
+         sensitivity: Optional[float] = typer.Option(None, help="Delta_r / range (default: --pool's, or 0.01)"),
+         delta: float = typer.Option(1e-8, help="privitp: delta per query"),
+         beta: float = typer.Option(0.05, help="privitp: beta"),
+         pool: Optional[Path] = typer.Option(None, help="a scored pool: add the accuracy each gives"),
+         reward: Optional[str] = typer.Option(None, help="its certified reward column"),
+         pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs")):
+    """Plan a budget: queries per composition, or epsilon per query.
+
+    basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass."""
+    from rich.table import Table
+
+    from .accounting import planner
+
+    if (epsilon is None) == (queries is None):
+        _fail("give exactly one of --epsilon (how many queries?) and --queries (what epsilon per query?)")
+    if mechanism not in planner.MECHANISMS:
+        _fail(f"--mechanism must be one of {', '.join(planner.MECHANISMS)}, got {mechanism!r}")
+    base = refs = desc = None
+    if pool is not None:
+        from .evaluation.planning import accuracy_at, plan_base, reference_accuracies
+
+        try:
+            base, desc = plan_base(_load(pool), reward, pairs, delta, beta)
+        except (ValueError, KeyError) as e:
+            _fail(str(e))
+        sensitivity = desc["sensitivity"] if sensitivity is None else sensitivity
+    elif pairs is not None:
+        _fail("--pairs needs --pool (the reward model whose Delta_r it rescales)")
+    sens = 0.01 if sensitivity is None else sensitivity
+    kw = dict(n=n, sensitivity=sens, beta=beta, delta=delta)
+    try:
+        if epsilon is not None:
+            event = planner.query_event(mechanism, epsilon, **kw)
+            counts = planner.plan_counts(epsilon_total, delta_total, event)
+            eps_of = {c: epsilon for c in ("basic", "fsrc", "zcdp")}
+        else:
+            with console.status("planning"):
+                eps_of = planner.plan_epsilons(epsilon_total, delta_total, queries, mechanism, **kw)
+            counts = None
+    except ValueError as e:
+        _fail(str(e))
+    title = (f"{mechanism} at epsilon {epsilon:g} per query" if epsilon is not None
+             else f"{queries} {mechanism} queries") + f" within epsilon {epsilon_total:g}, delta {delta_total:g}"
+    table = Table(title=title)
+    table.add_column("composition")
+    table.add_column("queries" if counts else "epsilon per query", justify="right")
+    if pool is not None:
+        table.add_column(f"accuracy (n={n})", justify="right")
+        with console.status("accuracy by the exact laws"):
+            refs = reference_accuracies(_load(pool), base, n)
+            acc = {c: accuracy_at(_load(pool), base, mechanism, eps_of.get(c), n) for c in ("basic", "fsrc", "zcdp")}
+    table.add_column("note")
+
+    def fmt(v, digits=4):
+        return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.{digits}g}")
+
+    for comp, note in (("basic", ""), ("fsrc", counts["fsrc_note"] if counts else ""),
+                       ("zcdp", "fully adaptive (Renyi filter), CKS conversion")):
+        value = counts[comp] if counts else eps_of.get(comp)
+        row = [comp, fmt(value)] + ([fmt(acc[comp], 3)] if pool is not None else []) + [note]
+        table.add_row(*row)
+    if counts and counts.get("zcdp_limit") is not None:
+        table.add_row("(limit)", fmt(counts["zcdp_limit"]), *([""] if pool is not None else []),
+                      "no zCDP accountant admits more (Gaussian profile)")
+    print_console = Console(soft_wrap=True)
+    print_console.print(table)
+    if counts and counts.get("zcdp") is not None and counts["zcdp"] < counts["basic"]:
+        print_console.print(f"zcdp admits fewer queries than basic here ({counts['zcdp']} < {counts['basic']}): its "
+                            "conversion costs more than it saves at large epsilons per query and small totals")
+    if refs is not None:
+        print_console.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
+                            f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
+                            f", Delta_r = {desc['sensitivity']:.3g} of the range; BoN (n={n}) {refs['bon']:.3f}, "
+                            f"base policy {refs['base']:.3f}")
+
+
+@ledger_app.command("account")
+def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or postgresql:// URL"),
+                   budget: str = typer.Option(..., help="the budget to re-account")):
+    """Re-account a budget's recorded charges under every composition."""
+    from rich.table import Table
+
+    from .ledger import Ledger, UnknownBudget
+
+    if not ledger.startswith(("postgresql://", "postgres://")) and not Path(ledger).exists():
+        _fail(f"no ledger at {ledger}")
+    try:
+        res = Ledger(ledger).account(budget)
+    except UnknownBudget:
+        _fail(f"unknown budget {budget!r} in {ledger}")
+    b = res["budget"]
+    table = Table(title=f"budget {budget!r} ({b['composition']}, total epsilon {b['epsilon_total']:g}, "
+                        f"delta {b['delta_total']:g}): {b['queries']} settled queries")
+    for col in ("composition", "epsilon", "delta", "rho"):
+        table.add_column(col, justify="right")
+    for comp, a in res["accounts"].items():
+        note = ""
+        if a.get("missing_rho"):
+            note = f" ({a['missing_rho']} charges without a rho)"
+        elif a.get("derived_rho"):
+            note = f" ({a['derived_rho']} pure charges given epsilon^2/2)"
+        table.add_row(comp + note, "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
+                      "-" if a["delta"] is None else f"{a['delta']:.3g}", "-" if a["rho"] is None else f"{a['rho']:.6g}")
+    Console(soft_wrap=True).print(table)
 
 
 @pool_app.command("info")

@@ -10,7 +10,8 @@ its worst-case epsilon per query.
 * ``curves``: accuracy versus n on the evaluation prompts, re-calibrated at every n (the worst case
   of Gaussian PrivBoN and PrivITP grows with n), with 95% bootstrap intervals over prompts.
 * ``privacy_utility``: accuracy at one n against epsilon per query.
-* ``stream``: a stream of PrivITP queries under one total budget, FSRC versus basic composition.
+* ``stream``: streams of PrivITP and Gumbel PrivBoN queries under one total budget, basic versus FSRC
+  versus zCDP composition.
 
 Scores are in units of the declared reward range (mapped to [0, 1]); ``sensitivity`` is the
 certified Delta_r in those units.
@@ -212,50 +213,73 @@ def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilon
 
 
 def stream(pool: GroupedPool, base: EvalSettings, chosen: dict, epsilon_max: float = 1.0, n: int = 16,
-           epsilon_total: float = 20.0, delta_total: float = 1e-3, seeds: int = 10) -> list[dict]:
-    """A stream of real PrivITP queries (each at worst case ``epsilon_max``, the setting tuned for it)
-    under one total budget: how many are answered under FSRC and under basic composition."""
-    c = chosen.get(epsilon_max, {}).get("privitp")
-    if c is None:
-        return []
-    s = calibrate(base, "privitp", epsilon_max, n, c["beta"], c["phase1_fraction"])
+           epsilon_total: float = 20.0, delta_total: float = 1e-3, seeds: int = 10,
+           privbon_epsilon: float | None = 0.1) -> list[dict]:
+    """Streams of real queries under one total budget, each composition in turn (basic, FSRC, zcdp):
+    PrivITP at worst case ``epsilon_max`` (the setting tuned for it) and Gumbel PrivBoN at
+    ``privbon_epsilon`` per query. Each query is a fresh prompt (cycling through a seeded order);
+    rows report how many are answered and their mean accuracy (the true reward of the answers)."""
     sens = sensitivity_of(base)
-    eps_max = worst_case_epsilon(s, "privitp", n)
     prep = prepare(pool, base)
+    streams = []
+    c = chosen.get(epsilon_max, {}).get("privitp")
+    if c is not None:
+        s = calibrate(base, "privitp", epsilon_max, n, c["beta"], c["phase1_fraction"])
+        streams.append(("privitp", A.privitp_event(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0), s))
+    if privbon_epsilon:
+        s = calibrate(base, "privbon", privbon_epsilon, n)
+        streams.append(("privbon", A.privbon_event(s.sigma, sens), s))
     rows = []
-    for comp in A.COMPOSITIONS:
-        for seed in range(seeds):
-            rng = np.random.default_rng([base.seed, seed])
-            order = rng.permutation(pool.n_prompts)
-            f = A.PrivacyFilter(epsilon_total, delta_total, comp)
-            spent_each, halting = [], []
-            while f.queries < 100_000:
-                try:
-                    res = f.reserve(eps_max, s.delta)
-                except A.BudgetExceededError:
-                    break
-                x = prep.scores(int(order[f.queries % order.size]))
-                b1, b2 = x[rng.integers(0, x.size, n)], x[rng.integers(0, x.size, n)]
-                sel = privitp_mechanism(b1, b2, beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
-                                        sensitivity=sens, reward_range=(0.0, 1.0), rng=rng)
-                spent_each.append(f.settle(res, sel.epsilon))
-                halting.append(sel.halting_time)
-            rows.append({"composition": comp, "seed": seed, "queries": f.queries, "epsilon_max": eps_max,
-                         "delta_per_query": s.delta, "epsilon_total": epsilon_total, "delta_total": delta_total,
-                         "epsilon_spent": f.spent.epsilon, "mean_charge": float(np.mean(spent_each)) if spent_each else math.nan,
-                         "mean_halting_time": float(np.mean(halting)) if halting else math.nan})
+    for algo, event, s in streams:
+        for comp in A.COMPOSITIONS:
+            for seed in range(seeds):
+                rng = np.random.default_rng([base.seed, seed])
+                order = rng.permutation(pool.n_prompts)
+                f = A.PrivacyFilter(epsilon_total, delta_total, comp)
+                spent_each, halting, correct = [], [], []
+                while f.queries < 100_000:
+                    try:
+                        res = f.reserve(event=event)
+                    except A.BudgetExceededError:
+                        break
+                    k = int(order[f.queries % order.size])
+                    x, true = prep.scores(k), pool.prompt(k)[1]
+                    i1, i2 = rng.integers(0, x.size, n), rng.integers(0, x.size, n)
+                    if algo == "privitp":
+                        sel = privitp_mechanism(x[i1], x[i2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
+                                                sensitivity=sens, reward_range=(0.0, 1.0), rng=rng)
+                        pick = int(rng.integers(0, x.size)) if sel.fallback else int(i2[sel.index])
+                        halting.append(sel.halting_time)
+                        eps = sel.epsilon
+                    else:
+                        g = x[i1] / s.sigma - np.log(rng.standard_exponential(n))
+                        pick, eps = int(i1[int(np.argmax(g))]), event.epsilon
+                    spent_each.append(f.settle(res, eps))
+                    correct.append(float(true[pick]))
+                rows.append({"algorithm": algo, "composition": comp, "seed": seed, "queries": f.queries,
+                             "epsilon_max": event.epsilon, "rho_per_query": event.rho, "delta_per_query": event.delta,
+                             "epsilon_total": epsilon_total, "delta_total": delta_total,
+                             "epsilon_spent": f.spent.epsilon,
+                             "mean_charge": float(np.mean(spent_each)) if spent_each else math.nan,
+                             "accuracy": float(np.mean(correct)) if correct else math.nan,
+                             "mean_halting_time": float(np.mean(halting)) if halting else math.nan})
     return rows
 
 
 def summarise_stream(rows: list[dict]) -> list[dict]:
     out = []
-    for comp in A.COMPOSITIONS:
-        q = np.array([r["queries"] for r in rows if r["composition"] == comp], float)
-        if q.size:
-            first = next(r for r in rows if r["composition"] == comp)
-            out.append({"composition": comp, "queries_mean": float(q.mean()), "queries_min": float(q.min()),
-                        "queries_max": float(q.max()), "seeds": int(q.size), "epsilon_max": first["epsilon_max"],
+    for algo in dict.fromkeys(r.get("algorithm", "privitp") for r in rows):
+        for comp in A.COMPOSITIONS:
+            sub = [r for r in rows if r.get("algorithm", "privitp") == algo and r["composition"] == comp]
+            if not sub:
+                continue
+            q = np.array([r["queries"] for r in sub], float)
+            first = sub[0]
+            out.append({"algorithm": algo, "composition": comp, "queries_mean": float(q.mean()),
+                        "queries_min": float(q.min()), "queries_max": float(q.max()), "seeds": int(q.size),
+                        "epsilon_max": first["epsilon_max"], "rho_per_query": first.get("rho_per_query"),
                         "delta_per_query": first["delta_per_query"], "epsilon_total": first["epsilon_total"],
                         "delta_total": first["delta_total"],
-                        "mean_charge": float(np.nanmean([r["mean_charge"] for r in rows if r["composition"] == comp]))})
+                        "mean_charge": float(np.nanmean([r["mean_charge"] for r in sub])),
+                        "accuracy": float(np.nanmean([r.get("accuracy", math.nan) for r in sub]))})
     return out

@@ -136,7 +136,8 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
        target, with 95% bootstrap intervals over prompts.
     3. The privacy-utility curve at n = ``n_ref``; 4. ITP versus PrivITP across noise, with PrivITP's
        sigma also chosen for accuracy alone on the held-out prompts (the paper's protocol), its
-       epsilon reported; 5. a stream of PrivITP queries under one budget, FSRC versus basic.
+       epsilon reported; 5. streams of PrivITP and Gumbel PrivBoN queries under one budget: basic,
+       FSRC and zCDP.
     PrivITP spends ``delta`` per query (default 1e-5, well below 1 / the number of people).
     """
     from . import private as P
@@ -278,10 +279,18 @@ def headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary,
         out["regularisation"] = {"n": largest, "bon": bon_l["accuracy"], "privbon": best["accuracy"],
                                  "epsilon": best["target_epsilon"], "difference_points": 100 * (best["accuracy"] - bon_l["accuracy"]),
                                  "met": bool(best["accuracy"] >= bon_l["accuracy"])}
-    fs = {r["composition"]: r for r in stream_summary}
+    fs = {r["composition"]: r for r in stream_summary if r.get("algorithm", "privitp") == "privitp"}
     if "fsrc" in fs and "basic" in fs and fs["basic"]["queries_mean"] > 0:
         out["fsrc"] = {"fsrc_queries": fs["fsrc"]["queries_mean"], "basic_queries": fs["basic"]["queries_mean"],
+                       "zcdp_queries": fs.get("zcdp", {}).get("queries_mean"),
                        "ratio": fs["fsrc"]["queries_mean"] / fs["basic"]["queries_mean"],
                        "met": bool(fs["fsrc"]["queries_mean"] > fs["basic"]["queries_mean"])}
+    zb = {r["composition"]: r for r in stream_summary if r.get("algorithm") == "privbon"}
+    if "zcdp" in zb and "basic" in zb and zb["basic"]["queries_mean"] > 0:
+        out["zcdp"] = {"epsilon": zb["zcdp"]["epsilon_max"], "zcdp_queries": zb["zcdp"]["queries_mean"],
+                       "basic_queries": zb["basic"]["queries_mean"], "zcdp_accuracy": zb["zcdp"]["accuracy"],
+                       "epsilon_total": zb["zcdp"]["epsilon_total"], "delta_total": zb["zcdp"]["delta_total"],
+                       "ratio": zb["zcdp"]["queries_mean"] / zb["basic"]["queries_mean"],
+                       "met": bool(zb["zcdp"]["queries_mean"] > zb["basic"]["queries_mean"])}
     out["edges"] = {str(k): v for k, v in chosen.items()}
     return out

@@ -138,20 +138,26 @@ def privacy_utility(rows: list[dict], out: Path, name: str = "privacy_utility", 
 
 
 def stream_bars(summary: list[dict], out: Path, name: str = "fsrc_stream") -> list[str]:
+    """Queries answered within one budget, per stream (algorithm) and composition."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(4.6, 3.6))
-    comps = [r["composition"] for r in summary]
-    ax.bar(range(len(comps)), [r["queries_mean"] for r in summary],
-           yerr=[[r["queries_mean"] - r["queries_min"] for r in summary],
-                 [r["queries_max"] - r["queries_mean"] for r in summary]],
-           capsize=3, color=["#9467bd" if c == "fsrc" else "#7f7f7f" for c in comps])
-    ax.set_xticks(range(len(comps)), ["FSRC (ex-post)" if c == "fsrc" else "basic composition" for c in comps])
-    ax.set_ylabel("PrivITP queries answered")
-    if summary:
-        s = summary[0]
-        ax.set_title(f"One budget (epsilon {s['epsilon_total']:g}, delta {s['delta_total']:g}),\n"
-                     f"queries at worst case epsilon {s['epsilon_max']:.3g}", fontsize=9)
-    ax.grid(alpha=0.3, axis="y")
+    algos = list(dict.fromkeys(r.get("algorithm") or "privitp" for r in summary))
+    fig, axes = plt.subplots(1, max(len(algos), 1), figsize=(4.2 * max(len(algos), 1), 3.6), squeeze=False)
+    colours = {"fsrc": "#9467bd", "basic": "#7f7f7f", "zcdp": "#2ca02c"}
+    labels = {"fsrc": "FSRC", "basic": "basic", "zcdp": "zCDP"}
+    for ax, algo in zip(axes[0], algos):
+        sub = [r for r in summary if (r.get("algorithm") or "privitp") == algo]
+        comps = [r["composition"] for r in sub]
+        ax.bar(range(len(comps)), [r["queries_mean"] for r in sub],
+               yerr=[[r["queries_mean"] - r["queries_min"] for r in sub],
+                     [r["queries_max"] - r["queries_mean"] for r in sub]],
+               capsize=3, color=[colours.get(c, "#777") for c in comps])
+        ax.set_xticks(range(len(comps)), [labels.get(c, c) for c in comps])
+        ax.set_ylabel(f"{'PrivITP' if algo == 'privitp' else 'Gumbel PrivBoN'} queries answered")
+        s = sub[0]
+        ax.set_title(f"epsilon {float(s['epsilon_max']):.3g} per query; one budget\n(epsilon {s['epsilon_total']:g}, "
+                     f"delta {s['delta_total']:g})", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
     return _save(fig, out, name)
 
 

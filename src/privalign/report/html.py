@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+from ..accounting.zcdp import zcdp_rho_total
 from .results import read_csv
 
 
@@ -139,7 +140,17 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
     f = h.get("fsrc")
     if f:
         out.append(f"Under one budget, FSRC answers {num(f['fsrc_queries'])} PrivITP queries against "
-                   f"{num(f['basic_queries'])} for basic composition ({num(f['ratio'])}x): {verdict(f['met'])}.")
+                   f"{num(f['basic_queries'])} for basic composition ({num(f['ratio'])}x): {verdict(f['met'])}"
+                   + (f"; zCDP answers {num(f['zcdp_queries'])} (at this worst case per query its conversion "
+                      f"{'pays' if f['zcdp_queries'] > f['fsrc_queries'] else 'does not pay'})"
+                      if f.get("zcdp_queries") is not None else "") + ".")
+    z = h.get("zcdp")
+    if z:
+        out.append(f"Gumbel PrivBoN at epsilon = {num(z['epsilon'])} per query: one budget (epsilon "
+                   f"{num(z['epsilon_total'])}, delta {num(z['delta_total'])}) answers {num(z['zcdp_queries'])} "
+                   f"queries under zCDP against {num(z['basic_queries'])} under basic composition "
+                   f"({num(z['ratio'])}x), at accuracy {num(z['zcdp_accuracy'])} over the stream: "
+                   f"{verdict(z['met'])}.")
     return out
 
 
@@ -213,7 +224,8 @@ def render_reproduce(d: Path, settings: dict) -> str:
         f"{settings.get('test_prompts', '?')} (test) prompts.</p>")
     # privacy summary
     rows = []
-    stream = {r["composition"]: r for r in read_csv(d / "stream_summary.csv")} if (d / "stream_summary.csv").exists() else {}
+    summary = read_csv(d / "stream_summary.csv") if (d / "stream_summary.csv").exists() else []
+    stream = {(r.get("algorithm") or "privitp", r["composition"]): r for r in summary}
     util = read_csv(d / "privacy_utility.csv") if (d / "privacy_utility.csv").exists() else []
     for algo, label in (("privbon", "PrivBoN (Gumbel)"), ("privbon-gaussian", "PrivBoN (Gaussian)"), ("privitp", "PrivITP")):
         r = next((r for r in util if r["algorithm"] == algo and r["target_epsilon"] == eps), None)
@@ -221,11 +233,18 @@ def render_reproduce(d: Path, settings: dict) -> str:
             continue
         delta = ev.get("delta") if algo == "privitp" else 0.0
         q = ""
-        if algo == "privitp" and stream:
-            q = (f"{sig3(stream['fsrc']['queries_mean'])} (FSRC) / {sig3(stream['basic']['queries_mean'])} (basic) "
-                 f"within epsilon {sig3(stream['fsrc']['epsilon_total'])}, delta {sig3(stream['fsrc']['delta_total'])}")
+        got = {c: stream.get((algo, c)) for c in ("fsrc", "basic", "zcdp")}
+        if algo == "privitp" and got["fsrc"]:
+            q = (f"{sig3(got['fsrc']['queries_mean'])} (FSRC) / {sig3(got['basic']['queries_mean'])} (basic)"
+                 + (f" / {sig3(got['zcdp']['queries_mean'])} (zCDP)" if got["zcdp"] else "")
+                 + f" within epsilon {sig3(got['fsrc']['epsilon_total'])}, delta {sig3(got['fsrc']['delta_total'])}")
         elif algo != "privitp":
-            q = f"{int(20 // eps)} within epsilon 20 (pure epsilon, basic composition)"
+            total = float(summary[0]["epsilon_total"]) if summary else 20.0
+            dtot = float(summary[0]["delta_total"]) if summary else 1e-3
+            per_rho = r["worst_case_epsilon"] ** 2 / (8 if algo == "privbon" else 2)
+            zq = int(zcdp_rho_total(total, dtot) // per_rho) if per_rho > 0 else None
+            q = (f"{int(total // r['worst_case_epsilon'])} (basic) / {zq} (zCDP) within epsilon {sig3(total)}, "
+                 f"delta {sig3(dtot)}")
         rows.append(f"<tr><td>{label}</td><td>{sig3(r['worst_case_epsilon'])}</td><td>{sig3(delta)}</td>"
                     f"<td>{q}</td><td>{sig3(r['accuracy'])}</td></tr>")
     if cert.get("range_epsilon"):
@@ -261,8 +280,9 @@ def render_reproduce(d: Path, settings: dict) -> str:
             ("curves_all_targets", "Every target", "Each private method at each target epsilon (dashed: epsilon > 1)."),
             ("itp_vs_privitp", "ITP versus PrivITP across noise", "The paper's noise split sigma_X = sigma_Z = sigma/2; "
                                                                 "the CSV gives each sigma's epsilon."),
-            ("fsrc_stream", "Many queries, one budget", "Real PrivITP queries at the first target's worst case until the "
-                                                        "budget is spent; bars: mean (min-max) over seeds.")):
+            ("fsrc_stream", "Many queries, one budget", "Real PrivITP queries at the first target's worst case, and "
+                                                        "Gumbel PrivBoN queries at a small epsilon, until the budget is "
+                                                        "spent, under each composition; bars: mean (min-max) over seeds.")):
         if (d / f"{fig}.png").exists():
             p.append(f"<h2>{title}</h2>" + _img(d / f"{fig}.png") + f"<p><i>{caption}</i></p>")
     if (d / "audit.json").exists():
