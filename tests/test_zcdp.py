@@ -308,3 +308,23 @@ def test_ledger_account_cli(tmp_path):
     assert f"{3 * ev.epsilon:.6g}" in text and f"{1.5 * ev.epsilon:.6g}" in text and f"{3 * ev.rho:.6g}" in text
     res = CliRunner().invoke(app, ["ledger", "account", str(tmp_path / "l.db"), "--budget", "nope"])
     assert res.exit_code == 2 and "unknown budget" in res.output
+
+
+def test_audit_of_a_composed_stream_stays_below_the_claimed_total():
+    """k Gumbel PrivBoN queries on the audit's neighbouring pair: the 95% lower bound on the stream's
+    epsilon stays below zCDP's claimed total; the same attack catches a mechanism with 1000x too
+    little noise that claims the same epsilon (the test has power)."""
+    from test_policy_bt import synthetic_pool
+
+    from privalign.audit import audit_stream
+    from privalign.rewards.policy_bt import train_policy_bt
+
+    pid, y, raw = synthetic_pool()
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(0.1,), components=(4,), seed=0, range_epsilon=0.0)
+    for k, eps in ((20, 0.3), (60, 0.1)):
+        res = audit_stream(model, raw, pid, y, queries=k, epsilon=eps, runs=50_000, seed=1)
+        assert res["epsilon_lower_bound"] <= res["claimed_zcdp"] <= res["claimed_basic"]
+    lo, hi = model.output_range
+    sigma = A.gumbel_noise_scale(0.3, model.sensitivity / (hi - lo)) / 1000
+    bad = audit_stream(model, raw, pid, y, queries=20, epsilon=0.3, runs=50_000, seed=1, noise_scale=sigma)
+    assert bad["epsilon_lower_bound"] > bad["claimed_zcdp"]

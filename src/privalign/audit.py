@@ -95,7 +95,7 @@ def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, 
     if mechanism == "bon":
         return np.full(runs, x[1] > x[0])
     if mechanism == "privbon":
-        sigma = A.gumbel_noise_scale(epsilon, sens)
+        sigma = A.gumbel_noise_scale(epsilon, sens) if noise_scale is None else noise_scale
         g = -np.log(rng.standard_exponential((runs, 2)))
         return np.argmax(x / sigma + g, axis=1) == 1
     if mechanism == "privbon-gaussian":
@@ -146,3 +146,47 @@ def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1
                      "epsilon_lower_bound": epsilon_lower_bound(hi, lo, mech_runs, dl)})
     return {"certified_sensitivity": model.sensitivity, "realised_sensitivity": realised,
             "score_gap": float(cand[0] @ w_d - cand[1] @ w_d), "rows": rows}
+
+
+def audit_stream(model: PolicyBTReward, raw, prompt_ids, correct, *, queries: int = 20, epsilon: float = 0.3,
+                 delta_total: float = 1e-6, runs: int = 50_000, seed: int | None = None,
+                 noise_scale: float | None = None) -> dict:
+    """An audit of a composed stream: ``queries`` Gumbel PrivBoN queries at ``epsilon`` each on the
+    canary pair {a, b} of ``audit``, under D and under D'. The event is {b selected at least c
+    times}, with c and its direction chosen on a separate pilot batch; the 95% lower bound on the
+    stream's epsilon (Clopper-Pearson, minus delta_total) must stay below what each composition
+    claims for the whole stream: basic k epsilon, zCDP's conversion of k epsilon^2 / 8.
+    ``noise_scale`` (on the [0, 1] scale) replaces the calibrated Gumbel scale: an under-noised
+    mechanism claiming ``epsilon``, which the audit must catch (its power)."""
+    phi, w_d, w_d2, a, b = _canary_setting(model, raw, prompt_ids, correct)
+    cand = phi[[a, b]]
+    lo, hi = model.output_range
+    sens = model.sensitivity / (hi - lo)
+    sigma = A.gumbel_noise_scale(epsilon, sens) if noise_scale is None else noise_scale
+    rng = np.random.default_rng(seed)
+
+    def counts(w, size):
+        x = (np.clip(cand @ w, lo, hi) - lo) / (hi - lo)
+        p_b = 1.0 / (1.0 + math.exp((x[0] - x[1]) / sigma))  # softmax over {a, b}: the Gumbel-max law
+        return rng.binomial(queries, p_b, size)
+
+    pilot = max(runs // 10, 1000)
+    c_d, c_d2 = counts(w_d, pilot), counts(w_d2, pilot)
+    best = (0.0, 0, True)
+    for c in range(queries + 1):  # the threshold and direction that separate the pilot batches most
+        for up in (True, False):
+            e_d, e_d2 = ((c_d >= c).mean(), (c_d2 >= c).mean()) if up else ((c_d <= c).mean(), (c_d2 <= c).mean())
+            hi_p, lo_p = max(e_d, e_d2), min(e_d, e_d2)
+            if lo_p > 0 and hi_p / lo_p > best[0]:
+                best = (hi_p / lo_p, c, up)
+    _, c, up = best
+    k_d, k_d2 = counts(w_d, runs), counts(w_d2, runs)
+    ev_d = int(((k_d >= c) if up else (k_d <= c)).sum())
+    ev_d2 = int(((k_d2 >= c) if up else (k_d2 <= c)).sum())
+    favoured_d2 = ((c_d2 >= c) if up else (c_d2 <= c)).mean() >= ((c_d >= c) if up else (c_d <= c)).mean()
+    k_hi, k_lo = (ev_d2, ev_d) if favoured_d2 else (ev_d, ev_d2)
+    rho = queries * A.bounded_range_rho(epsilon)
+    return {"queries": queries, "epsilon_per_query": epsilon, "delta_total": delta_total, "runs_per_side": runs,
+            "threshold": c, "direction": ">=" if up else "<=", "events_D": ev_d, "events_D_prime": ev_d2,
+            "claimed_basic": queries * epsilon, "claimed_zcdp": A.zcdp_epsilon(rho, delta_total), "rho": rho,
+            "epsilon_lower_bound": epsilon_lower_bound(k_hi, k_lo, runs, delta_total)}
