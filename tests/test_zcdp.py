@@ -314,7 +314,7 @@ def test_audit_of_a_composed_stream_stays_below_the_claimed_total():
     """k Gumbel PrivBoN queries on the audit's neighbouring pair: the 95% lower bound on the stream's
     epsilon stays below zCDP's claimed total; the same attack catches a mechanism with 1000x too
     little noise that claims the same epsilon (the test has power)."""
-    from test_policy_bt import synthetic_pool
+    from tests.test_policy_bt import synthetic_pool
 
     from privalign.audit import audit_stream
     from privalign.rewards.policy_bt import train_policy_bt
