@@ -1,5 +1,6 @@
 """Cross-request batching (backends/batching.py): concurrent calls merged into one batched call,
-each caller answered with its own results, failures reaching every caller; and the real
+each caller answered with its own results, a failed merged call retried member by member (a
+failure stays with the call that causes it); and the real
 transformers backend's multi-prompt ``generate_many``."""
 
 import threading
@@ -106,13 +107,38 @@ def test_different_settings_are_batched_apart_and_seeded_calls_run_alone():
         assert len({int(p[1:]) % 2 for p, _ in reqs}) == 1
 
 
-def test_an_exception_in_the_batched_call_reaches_every_caller():
-    gen = BatchingGenerator(FakeBatchedGenerator(fail=True), max_batch=16, max_wait_ms=2000)
-    results, errors = hammer(lambda i: gen.generate(msgs(f"p{i}"), 2, max_new_tokens=8, temperature=1.0), 8)
-    assert not results and len(errors) == 8
-    assert all(isinstance(e, RuntimeError) and "out of memory" in str(e) for e in errors.values())
-    results, errors = hammer(lambda i: gen.generate(msgs(f"q{i}"), 2), 8)  # the worker survives and answers
-    assert not results and len(errors) == 8 and len(gen.generator.calls) == 2
+class PoisonableGenerator(FakeBatchedGenerator):
+    """Fails on any prompt containing POISON, alone or merged (as a tokenizer that chokes would)."""
+
+    def generate(self, messages, k, **kw):
+        if "POISON" in messages[-1]["content"]:
+            raise ValueError("cannot tokenize this prompt")
+        return super().generate(messages, k, **kw)
+
+    def generate_many(self, requests, **kw):
+        if any("POISON" in m[-1]["content"] for m, _ in requests):
+            self.calls.append(("generate_many", [(m[-1]["content"], k) for m, k in requests], None))
+            raise ValueError("cannot tokenize this prompt")
+        return super().generate_many(requests, **kw)
+
+
+def test_a_failed_merged_call_is_retried_member_by_member():
+    """Issue 22: one request's failure stays its own; the others merged with it are answered."""
+    fake = PoisonableGenerator()
+    gen = BatchingGenerator(fake, max_batch=16, max_wait_ms=2000)
+    results, errors = hammer(lambda i: gen.generate(msgs("POISON" if i == 3 else f"p{i}"), 2), 8)
+    assert set(errors) == {3} and isinstance(errors[3], ValueError) and "tokenize" in str(errors[3])
+    assert sorted(results) == [0, 1, 2, 4, 5, 6, 7]
+    assert all([g.text for g in results[i]] == [f"p{i}#0", f"p{i}#1"] for i in results)
+    assert fake.calls[0][0] == "generate_many" and len(fake.calls[0][1]) == 8  # they were merged
+    assert gen.batcher.retried == 8
+    # a backend that fails whatever it is given: every caller gets its own error, the worker survives
+    broken = BatchingGenerator(FakeBatchedGenerator(fail=True), max_batch=16, max_wait_ms=2000)
+    broken.generator.generate = lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("out of memory"))
+    results, errors = hammer(lambda i: broken.generate(msgs(f"q{i}"), 2), 8)
+    assert not results and len(errors) == 8 and all("out of memory" in str(e) for e in errors.values())
+    results, errors = hammer(lambda i: gen.generate(msgs(f"r{i}"), 1), 4)
+    assert not errors and len(results) == 4
 
 
 def test_a_backend_without_generate_many_is_called_per_request_one_at_a_time():
@@ -148,6 +174,16 @@ def test_batching_reward_merges_calls_returns_each_callers_scores_and_keeps_attr
     rm = BatchingReward(CallableReward(broken, (0.0, 1.0)), max_batch=4, max_wait_ms=2000)
     results, errors = hammer(lambda i: rm.score(["q"], ["r"]), 4)
     assert not results and all(isinstance(e, ValueError) for e in errors.values()) and len(errors) == 4
+
+    def poisoned(prompts, responses):  # a reward model that raises on one caller's input
+        if any("POISON" in r for r in responses):
+            raise ValueError("cannot score this response")
+        return np.array([float(len(r)) for r in responses])
+
+    rm = BatchingReward(CallableReward(poisoned, (0.0, 100.0)), max_batch=64, max_wait_ms=2000)
+    results, errors = hammer(lambda i: rm.score(["q"] * 2, ["POISON", "x"] if i == 1 else ["ab", "abc"]), 5)
+    assert set(errors) == {1} and sorted(results) == [0, 2, 3, 4]
+    assert all(results[i].tolist() == [2.0, 3.0] for i in results) and rm.batcher.retried == 5
 
 
 def test_batched_real_minilm_scores_equal_unbatched_scores():

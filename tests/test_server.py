@@ -838,3 +838,41 @@ def test_zcdp_budget_serves_the_cks_count_of_gumbel_queries(tmp_path):
         assert led.account("acme-z0.3")["accounts"]["basic"]["epsilon"] == pytest.approx(136 * 0.3)
     finally:
         srv.stop()
+
+
+def test_a_poisoned_request_merged_with_another_tenants_fails_alone(tmp_path):
+    """Issue 22: two tenants' requests merged into one scoring batch, one of them poisoned (the
+    reward model raises on its prompt). The other is answered with its ordinary charge; the poisoned
+    one gets a JSON 5xx and its own worst case; the ledger is consistent."""
+    config = STUB.format(total=50.0).replace('kind = "stub"\n', 'kind = "stub"\nbatch = true\nfail_marker = "POISON"\n')
+    config = config.replace('backend = "stub"\n', 'backend = "stub"\nbatch_wait_ms = 400\n')
+    srv = Server(tmp_path, config)
+    srv.start()
+    try:
+        out = {}
+
+        def send(key, content):
+            out[key] = chat(srv.url, {"mechanism": "privbon", "epsilon": 0.5, "n": 4}, key=key, content=content)
+
+        threads = [threading.Thread(target=send, args=(CLIENT, "What is 2 + 2?")),
+                   threading.Thread(target=send, args=(OTHER, "POISON: what is 3 + 3?"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        status, body = out[CLIENT]
+        assert status == 200 and body["privalign"]["epsilon_charged"] == pytest.approx(0.5)
+        status, body = out[OTHER]
+        assert status == 502 and body["error"]["type"] == "backend_error" and "POISON" in body["error"]["message"]
+        metrics = urllib.request.urlopen(urllib.request.Request(
+            srv.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})).read().decode()
+        retried = [line for line in metrics.splitlines() if line.startswith("privalign_score_batch_retried")]
+        assert retried and float(retried[0].split()[-1]) == 2.0  # they were merged, then rerun one by one
+        led = Ledger(str(srv.ledger_path))
+        assert led.check() == []
+        acme, globex = led.budget("acme-rm"), led.budget("globex-rm")
+        assert acme.queries == 1 and acme.spent.epsilon == pytest.approx(0.5)
+        assert globex.queries == 1 and globex.spent.epsilon == pytest.approx(0.5)  # its own worst case, no one else's
+        assert [c[2] for c in led.charges("acme-rm")] == [pytest.approx(0.5)]
+    finally:
+        srv.stop()

@@ -5,8 +5,12 @@ batches only its own n samples, and small batches waste most of a CPU's decoding
 docs/benchmarks.md). ``BatchingGenerator`` and ``BatchingReward`` put every call in a queue; one
 worker thread takes the first waiting call, collects more for at most ``max_wait_ms`` (or until
 ``max_batch`` sequences are waiting), and answers the whole group with one batched call to the
-underlying model. Each caller gets its own results back, in order; an exception raised by the
-batched call reaches every caller of that batch. The queue logic is written once, in ``Batcher``.
+underlying model. Each caller gets its own results back, in order. When a merged call raises, its
+members are run again one by one, so that only a call that fails on its own gets the error: one
+request's bad input (a prompt that breaks a tokenizer or a reward model) never fails, and so never
+charges at its worst case, another request merged with it. A retried member is a fresh call (a
+generation draws fresh samples); nothing it returns depends on the failed attempt. The queue logic
+is written once, in ``Batcher``.
 
 Both wrappers are thread-safe (the model itself is only ever called from the worker thread), so a
 service may call them from as many request threads as it likes.
@@ -59,6 +63,7 @@ class Batcher:
         self._worker: threading.Thread | None = None
         self._closed = False
         self.batches = 0  # successful calls of ``run`` (each answering one group; for tests and benchmarks)
+        self.retried = 0  # calls run again alone after their merged call failed
 
     def submit(self, key, payload, size: int = 1):
         item = _Item(key, payload, max(int(size), 1))
@@ -107,20 +112,36 @@ class Batcher:
             self._queue = rest
             return group
 
+    def _call(self, key, group: list[_Item]) -> list:
+        results = self.run(key, [i.payload for i in group])
+        if len(results) != len(group):
+            raise RuntimeError(f"batched call returned {len(results)} results for {len(group)} calls")
+        self.batches += 1
+        return results
+
     def _loop(self) -> None:
         while True:
             group = self._take()
             if group is None:
                 return
             try:
-                results = self.run(group[0].key, [i.payload for i in group])
-                if len(results) != len(group):
-                    raise RuntimeError(f"batched call returned {len(results)} results for {len(group)} calls")
-            except BaseException as e:  # every caller of the batch sees the failure; none hangs
+                results = self._call(group[0].key, group)
+            except Exception as e:
+                if len(group) == 1:
+                    group[0].future.set_exception(e)
+                    continue
+                # a merged call failed: each member alone, so the failure stays with whoever causes it
+                self.retried += len(group)
+                for i in group:
+                    try:
+                        i.future.set_result(self._call(i.key, [i])[0])
+                    except BaseException as e1:
+                        i.future.set_exception(e1)
+                continue
+            except BaseException as e:  # not an error of one call (interpreter exit): every caller sees it
                 for i in group:
                     i.future.set_exception(e)
-                continue
-            self.batches += 1
+                raise
             for i, r in zip(group, results):
                 i.future.set_result(r)
 

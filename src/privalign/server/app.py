@@ -50,12 +50,18 @@ class StubGenerator:
 
 
 class StubReward(RewardModel):
-    """A deterministic score in [0, 1] from a hash of the text (``kind = "stub"``)."""
+    """A deterministic score in [0, 1] from a hash of the text (``kind = "stub"``); with
+    ``fail_marker`` it raises on a prompt that contains it (fault drills and tests)."""
 
     name = "stub"
     output_range = (0.0, 1.0)
 
+    def __init__(self, fail_marker: str | None = None):
+        self.fail_marker = fail_marker
+
     def score(self, prompts, responses):
+        if self.fail_marker and any(self.fail_marker in p for p in prompts):
+            raise ValueError(f"the stub reward model refuses prompts containing {self.fail_marker!r}")
         return np.array([int.from_bytes(hashlib.blake2b(r.encode(), digest_size=4).digest(), "big") / 2**32
                          for r in responses])
 
@@ -90,7 +96,7 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
     (``BatchingReward``, with the generator's ``batch_max`` and ``batch_wait_ms``)."""
     r = cfg.reward
     if r.kind == "stub":
-        model = StubReward()
+        model = StubReward(r.fail_marker)
     else:
         from importlib import resources
 
@@ -104,7 +110,7 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
         model.output_range = tuple(r.output_range)
     if r.sensitivity is not None:
         model.sensitivity = r.sensitivity
-    if r.kind != "stub":
+    if r.batch if r.batch is not None else r.kind != "stub":
         from ..backends.batching import BatchingReward
 
         model = BatchingReward(model, max_batch=cfg.generator.batch_max, max_wait_ms=cfg.generator.batch_wait_ms)
@@ -184,7 +190,7 @@ class Service:
         self._stop.set()
 
     def _init_metrics(self):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self.m_queries = Counter("privalign_queries", "answered queries", ["budget", "mechanism"], registry=self.registry)
@@ -199,6 +205,13 @@ class Service:
                                     "queue was full", registry=self.registry)
         self.m_ledger = Histogram("privalign_ledger_seconds", "time in ledger transactions", registry=self.registry,
                                   buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
+        for part, label in ((self.generator, "generate"), (self.reward, "score")):
+            batcher = getattr(part, "batcher", None)
+            if batcher is not None:  # merged calls that failed and were rerun member by member (issue 22)
+                Gauge(f"privalign_{label}_batch_retried", f"{label} calls rerun alone after their merged call "
+                      "failed", registry=self.registry).set_function(lambda b=batcher: b.retried)
+                Gauge(f"privalign_{label}_batches", f"batched {label} calls that succeeded",
+                      registry=self.registry).set_function(lambda b=batcher: b.batches)
 
     def _children(self, budget: str, mechanism: str):
         """The labelled metric children of a (budget, mechanism), bound once."""

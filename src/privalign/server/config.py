@@ -92,10 +92,14 @@ class GeneratorConfig(BaseModel):
 
 
 class RewardConfig(BaseModel):
-    kind: Literal["minilm-bt", "hf", "http", "stub"] = "minilm-bt"
+    kind: Literal["minilm-bt", "policy-bt", "hf", "http", "stub"] = "minilm-bt"
     path: str | None = None
     output_range: tuple[float, float] | None = None
     sensitivity: float | None = Field(None, gt=0)
+    # merge concurrent requests' scoring into one call (default: every kind but the stub)
+    batch: bool | None = None
+    # stub only, for fault drills and tests: scoring raises ValueError on a prompt containing this text
+    fail_marker: str | None = None
 
     @field_validator("output_range")
     @classmethod
