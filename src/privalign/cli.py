@@ -72,7 +72,9 @@ def _progress():
 
 
 def _fail(message: str):
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -600,15 +602,17 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
 
     import uvicorn
 
+    from pydantic import ValidationError
+
     from .server import load_config
+    from .server.config import config_error_message
 
     try:
         cfg = load_config(config)
+    except ValidationError as e:  # one line: "field: problem (got value)", unknown keys with the nearest known
+        _fail(f"invalid config {config}: {config_error_message(e)}")
     except Exception as e:
-        errors = getattr(e, "errors", None)  # pydantic: one "field: problem (got value)" per error, on one line
-        why = ("; ".join(f"{'.'.join(map(str, x['loc'])) or 'config'}: {x['msg']} (got {x.get('input')!r})"
-                         for x in errors()) if callable(errors) else str(e))
-        _fail(f"invalid config {config}: {why}")
+        _fail(f"invalid config {config}: {e}")
     keys = "from " + str(config) if config else "generated for this run (no config file): pass --config to fix them"
     console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
                   f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}; "

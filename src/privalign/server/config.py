@@ -58,10 +58,16 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
-class GeneratorConfig(BaseModel):
+class _Section(BaseModel):
+    """A config section: unknown keys are errors (a typo must not silently leave a default in force)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GeneratorConfig(_Section):
     backend: Literal["transformers", "llamacpp", "vllm", "openai", "stub"] = "transformers"
     model: str = "smollm2"
     base_url: str | None = None
@@ -91,7 +97,7 @@ class GeneratorConfig(BaseModel):
         return self
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(_Section):
     kind: Literal["minilm-bt", "policy-bt", "hf", "http", "stub"] = "minilm-bt"
     path: str | None = None
     output_range: tuple[float, float] | None = None
@@ -109,7 +115,7 @@ class RewardConfig(BaseModel):
         return v
 
 
-class MechanismConfig(BaseModel):
+class MechanismConfig(_Section):
     name: Literal["privbon", "privitp"] = "privbon"
     # privbon's sampler: "gumbel" (softmax law, fast) or "exact" (OpenDP's exact report-noisy-max,
     # permute-and-flip law, no floating-point noise; the same epsilon = 2 Delta_r / sigma)
@@ -126,7 +132,7 @@ class MechanismConfig(BaseModel):
     phase2_chunks: int = Field(2, ge=1)
 
 
-class BudgetConfig(BaseModel):
+class BudgetConfig(_Section):
     name: str
     tenant: str = "default"
     epsilon_total: float = Field(gt=0)
@@ -142,11 +148,11 @@ class BudgetConfig(BaseModel):
         return self
 
 
-class ClientConfig(BaseModel):
+class ClientConfig(_Section):
     tenant: str
 
 
-class ServiceConfig(BaseModel):
+class ServiceConfig(_Section):
     ledger: str = "privalign-ledger.db"
     access_log: bool = True                    # one line per request on stderr (logger privalign.access)
     # the model name requests must use (default: generator.model, "stub" for the stub backend) and aliases
@@ -186,6 +192,49 @@ class ServiceConfig(BaseModel):
         if overlap:
             raise ValueError("admin and client API keys must be distinct")
         return self
+
+
+def _section_at(loc) -> type[BaseModel] | None:
+    """The config section (model class) that holds the key at ``loc`` (a pydantic error location)."""
+    import typing
+
+    def is_model(t):
+        return isinstance(t, type) and issubclass(t, BaseModel)
+
+    model: object = ServiceConfig
+    for part in loc[:-1]:
+        if is_model(model):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return None
+            model = field.annotation
+        else:  # list[X] or dict[str, X]: this part is an index or a key
+            args = [a for a in typing.get_args(model) if is_model(a)]
+            model = args[0] if args else None
+        if not is_model(model) and not typing.get_origin(model) in (list, dict):  # X | None
+            args = [a for a in typing.get_args(model) if is_model(a)]
+            model = args[0] if args else model
+    return model if is_model(model) else None
+
+
+def config_error_message(e: ValidationError) -> str:
+    """A pydantic error as one line: "field: problem (got value)" per error; an unknown key is named
+    with its section and the nearest known key."""
+    import difflib
+
+    parts = []
+    for x in e.errors():
+        where = ".".join(map(str, x["loc"])) or "config"
+        if x["type"] == "extra_forbidden":
+            section = _section_at(x["loc"])
+            known = sorted(section.model_fields) if section else []
+            near = difflib.get_close_matches(str(x["loc"][-1]), known, n=1)
+            head = ".".join(map(str, x["loc"][:-1]))
+            parts.append(f"unknown key {x['loc'][-1]!r}" + (f" in [{head}]" if head else "")
+                         + (f"; did you mean {near[0]!r}?" if near else f"; known keys: {', '.join(known)}"))
+        else:
+            parts.append(f"{where}: {x['msg']} (got {x.get('input')!r})")
+    return "; ".join(parts)
 
 
 def load_config(path: str | Path | None) -> ServiceConfig:
