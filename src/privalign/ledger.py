@@ -224,9 +224,14 @@ class Ledger:
 
     def _migrate(self, cur) -> None:
         """Add the columns of ``MIGRATIONS`` that an existing database lacks (in the same transaction)."""
+        # ALTER TABLE only where a column is missing: on PostgreSQL it takes an exclusive lock even when
+        # the column exists, which would deadlock with replicas already serving
         for table, column, kind in MIGRATIONS:
             if self.postgres:
-                cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
+                cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
+                            "AND table_name = %s AND column_name = %s", (table, column))
+                if cur.fetchone() is None:
+                    cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
             else:
                 cur.execute(f"PRAGMA table_info({table})")
                 if column not in {r[1] for r in cur.fetchall()}:
@@ -267,15 +272,34 @@ class Ledger:
         # threads of this process queue on a mutex instead, so only other processes use the busy wait.
         lock = self._write_lock if not self.postgres else _NO_LOCK
         with lock:
-            cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
-            if self.postgres and not durable:
-                cur.execute("SET LOCAL synchronous_commit = off")
             try:
+                cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+                if self.postgres and not durable:
+                    cur.execute("SET LOCAL synchronous_commit = off")
                 yield cur
+                cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                # BEGIN, the body or COMMIT itself failed (a full disk, an I/O error, a dropped
+                # connection): leave no transaction open, or every later one on this connection fails
+                # and other processes wait on its lock
+                self._reset(conn)
                 raise
-            cur.execute("COMMIT")
+
+    def _reset(self, conn) -> None:
+        """Roll back whatever transaction ``conn`` has open; if even that fails, close it, so that the
+        next operation of this thread opens a fresh connection."""
+        if not self.postgres and not getattr(conn, "in_transaction", True):
+            return  # nothing open (BEGIN itself failed)
+        try:
+            conn.cursor().execute("ROLLBACK")
+            return
+        except Exception:
+            pass
+        try:
+            conn.close()
+        except Exception:
+            pass
+        self._local.conn = None  # _tx runs on this thread's connection: the next operation opens a new one
 
     def _run(self, op, durable: bool = True):
         """``op(cur)`` in a transaction; returns its result or raises its exception.

@@ -147,6 +147,8 @@ class Service:
         self.ledger.heartbeat()
         self.recovered = self.ledger.recover()  # reservations of dead processes (never refunded)
         self._stop = threading.Event()
+        self._pending: set[int] = set()  # reservations whose worst-case settlement failed: retried
+        self._pending_lock = threading.Lock()
         threading.Thread(target=self._keepalive, daemon=True).start()
         for b in cfg.budgets:
             try:
@@ -178,13 +180,34 @@ class Service:
         self._init_metrics()
 
     def _keepalive(self):
-        """Heartbeat, and recover the reservations of processes whose lease has expired."""
-        while not self._stop.wait(self.cfg.ledger_lease_s / 3):
+        """Heartbeat, recover the reservations of processes whose lease has expired, and settle (at
+        their worst case) this process's reservations whose settlement failed while the database
+        was failing, as soon as it works again."""
+        beat = self.cfg.ledger_lease_s / 3
+        last = time.monotonic()
+        while not self._stop.wait(min(beat, 1.0)):
+            self._settle_pending()
+            if time.monotonic() - last < beat:
+                continue
+            last = time.monotonic()
             try:
                 self.ledger.heartbeat()
                 self.recovered += self.ledger.recover()
             except Exception:  # a transient database error must not kill the heartbeat
                 pass
+
+    def _settle_pending(self) -> None:
+        with self._pending_lock:
+            pending = sorted(self._pending)
+        for rid in pending:
+            try:
+                self.ledger.settle(rid, None)
+            except Exception as e:
+                if "unique" not in str(e).lower() and "Integrity" not in type(e).__name__:
+                    continue  # still failing: try again on the next tick
+                # already settled (its first settlement did commit): nothing is owed
+            with self._pending_lock:
+                self._pending.discard(rid)
 
     def close(self):
         self._stop.set()
@@ -205,6 +228,8 @@ class Service:
                                     "queue was full", registry=self.registry)
         self.m_ledger = Histogram("privalign_ledger_seconds", "time in ledger transactions", registry=self.registry,
                                   buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1))
+        self.m_ledger_faults = Counter("privalign_ledger_unavailable", "requests refused (503) because the "
+                                       "ledger could not reserve", registry=self.registry)
         for part, label in ((self.generator, "generate"), (self.reward, "score")):
             batcher = getattr(part, "batcher", None)
             if batcher is not None:  # merged calls that failed and were rerun member by member (issue 22)
@@ -337,6 +362,11 @@ class Service:
                            epsilon_remaining=e.remaining.epsilon, **extra) from None
         except ValueError as e:  # e.g. a query with no zCDP bound on a zcdp budget: nothing was reserved
             raise ApiError(400, "invalid_request", str(e)) from None
+        except Exception as e:  # the database failed (full disk, I/O error, connection lost): nothing reserved
+            self.m_ledger_faults.inc()
+            raise ApiError(503, "ledger_unavailable", f"the privacy ledger cannot record charges now "
+                                                      f"({type(e).__name__}); nothing was charged, retry shortly",
+                           retry_after=1) from None
         ledger_s = time.perf_counter() - t_l
         try:
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
@@ -382,12 +412,15 @@ class Service:
                                  **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
 
     def _settle_worst_case(self, rid: int) -> None:
-        """Charge a reservation's worst case; if even that fails (the database is down), the
-        reservation stays open and is recovered at its worst case once this process's lease lapses."""
+        """Charge a reservation's worst case; if even that fails (the database is failing), the
+        reservation stays open (held, so the budget cannot be overspent), and the keep-alive thread
+        settles it as soon as the database works again (or, should this process die first, another
+        process recovers it at its worst case once the lease lapses)."""
         try:
             self.ledger.settle(rid, None)
         except Exception:
-            pass
+            with self._pending_lock:
+                self._pending.add(rid)
 
     def check_messages(self, messages) -> list[dict]:
         """OpenAI chat messages, content a string or a list of text parts, within the caps."""

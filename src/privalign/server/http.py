@@ -219,7 +219,8 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
 
     @app.get("/healthz")
     def healthz():
-        return {"status": "ok", "recovered_on_start": svc.recovered, "generator": svc.generator.name}
+        return {"status": "ok", "recovered_on_start": svc.recovered, "generator": svc.generator.name,
+                "unsettled_reservations": len(svc._pending)}
 
     @app.get("/v1/models")
     def models(request: Request):
