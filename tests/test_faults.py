@@ -129,18 +129,18 @@ def test_the_service_answers_503_while_the_disk_is_full_and_recovers_by_itself(t
         assert info.value.status == 503 and info.value.extra["retry_after"] == 1
     # the fault starts between a reservation and its settlement: the answer is withheld, the worst case
     # stays reserved, and is charged as soon as the database works again
-    real_settle = svc.ledger.settle_state
+    real_settle = svc.ledger.settle_all
     svc.ledger.faults.commits = 0
 
     def settle_during_fault(*a, **kw):
         svc.ledger.faults.commits = -1
         return real_settle(*a, **kw)
 
-    svc.ledger.settle_state = settle_during_fault
+    svc.ledger.settle_all = settle_during_fault
     with pytest.raises(ApiError) as info:
         svc.answer(msgs, {"mechanism": "privbon", "n": 4, "epsilon": 0.5}, "default")
     assert info.value.status == 500 and info.value.kind == "ledger_error" and len(svc._pending) == 1
-    del svc.ledger.settle_state
+    del svc.ledger.settle_all
     svc.ledger.faults.commits = 0  # the fault clears
     for _ in range(50):
         if not svc._pending:

@@ -169,7 +169,12 @@ def test_keys_tenants_and_budget_administration(stub_server):
     assert call(url, "/v1/budgets/acme-rm", {"epsilon_total": 10.0, "delta_total": 0.9}, key=ADMIN)[0] == 400
     status, b = call(url, "/v1/budgets/new-rm", {"epsilon_total": 3.0, "tenant": "acme"}, key=ADMIN)
     assert status == 200 and call(url, "/v1/budgets/new-rm")[0] == 200
-    assert len(call(url, "/v1/budgets", key=ADMIN)[1]["budgets"]) == 3
+    admin = call(url, "/v1/budgets", key=ADMIN)[1]
+    assert len(admin["budgets"]) == 3
+    # no model budget: the guarantee for a person in D is the sum over every budget, said plainly
+    assert admin["guarantee"]["model_budget"] is None and admin["guarantee"]["epsilon"] == pytest.approx(100 + 5 + 3)
+    assert "add up" in admin["guarantee"]["statement"] and "guarantee" not in call(url, "/v1/budgets")[1]
+    assert "no model budget" in stub_server.log_path.read_text()  # and the start banner says so
 
 
 def test_bad_input_is_refused_and_charges_nothing(stub_server):
@@ -374,14 +379,14 @@ def test_failures_after_the_reservation_charge_the_worst_case_and_answer_5xx(tmp
     assert svc.ledger.budget("default").spent.epsilon == pytest.approx(0.5)
 
     svc = Service(cfg, generator=StubGenerator())
-    real_settle_state = svc.ledger.settle_state
+    real_settle_all = svc.ledger.settle_all
 
-    def flaky(rid, epsilon=None, kind="settle"):
+    def flaky(rids, epsilon=None, kind="settle"):
         if epsilon is not None:
             raise OSError("disk I/O error")
-        return real_settle_state(rid, epsilon, kind)
+        return real_settle_all(rids, epsilon, kind)
 
-    svc.ledger.settle_state = flaky
+    svc.ledger.settle_all = flaky
     with pytest.raises(ApiError) as err:
         svc.answer(*ask)
     assert err.value.status == 500 and err.value.kind == "ledger_error"

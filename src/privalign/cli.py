@@ -623,6 +623,12 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
                   f"  ledger: {cfg.ledger}\n"
                   + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.epsilon_total:g}, delta "
                             f"{b.delta_total:g}, {b.composition}\n" for b in cfg.budgets)
+                  + (f"  model budget {cfg.model_budget.name!r}: epsilon {cfg.model_budget.epsilon_total:g}, delta "
+                     f"{cfg.model_budget.delta_total:g}, {cfg.model_budget.composition}: every query of every tenant "
+                     f"is charged here; a person in the reward model's data gets this guarantee\n"
+                     if cfg.model_budget else
+                     f"  no model budget: a person in the reward model's data gets only the sum over all budgets "
+                     f"(epsilon {sum(b.epsilon_total for b in cfg.budgets):g} now, more with each budget created)\n")
                   + f"  keys {keys}")
     if not config:
         console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")

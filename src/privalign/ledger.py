@@ -428,6 +428,13 @@ class Ledger:
         """Hold the worst case, or raise ``BudgetExhausted`` (only the refusal counter changes).
         ``event`` (``accounting.events``) gives the query's epsilon_max, delta, rho, mechanism and
         parameters at once; a zcdp budget needs a rho (a pure query without one costs epsilon^2 / 2)."""
+        return self.reserve_all([name], epsilon_max, delta, request_id, rho=rho, event=event)[0]
+
+    def reserve_all(self, names, epsilon_max: float = 0.0, delta: float = 0.0, request_id: str | None = None, *,
+                    rho: float | None = None, event: PrivacyEvent | None = None) -> list[int]:
+        """``reserve`` on several budgets at once, atomically: the query is held on every one of them
+        (one reservation each, in the order of ``names``) or on none, refused with ``BudgetExhausted``
+        naming the first budget it does not fit (a tenant's budget and the deployment's model budget)."""
         mechanism, params = "query", None
         if event is not None:
             epsilon_max, delta, rho, mechanism, params = (event.epsilon, event.delta, event.rho, event.mechanism,
@@ -438,35 +445,45 @@ class Ledger:
             rho = check_rho(rho)
         elif delta == 0:
             rho = pure_dp_rho(epsilon_max) if epsilon_max > 0 else 0.0  # any pure epsilon-DP query
+        names = list(names)
+        if len(set(names)) != len(names):
+            raise ValueError(f"a query cannot be reserved twice on one budget: {names}")
+        request_id = request_id or uuid.uuid4().hex
 
         def op(cur):
-            s = self._lock(cur, name)
-            if s.zcdp:
-                q_rho = query_rho(epsilon_max, delta, rho)  # ValueError: no zCDP bound (rolled back)
-                fits = admits_rho(s.spent_rho, s.reserved_rho, s.rho_total, q_rho)
-            else:
-                q_rho = rho
-                fits = admits(s.spent, s.reserved, s.total, epsilon_max, delta)
-            if not fits:
-                cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (name,))
-                return BudgetExhausted(name, epsilon_max, delta, s.remaining, q_rho if s.zcdp else None,
-                                       s.remaining_rho)
-            cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
-                                "created, rho, mechanism, params) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                                + (" RETURNING id" if self.postgres else "")),
-                        (name, request_id or uuid.uuid4().hex, self.owner, epsilon_max, delta, epsilon_max, time.time(),
-                         q_rho, mechanism, params))
-            rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
-            cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
-                                "reserved_delta = reserved_delta + ?, reserved_rho = reserved_rho + ?, "
-                                "open = open + 1 WHERE name = ?"),
-                        (epsilon_max, delta, q_rho or 0.0, name))
-            return rid
+            # lock the budgets' rows in one global order (sorted names), so concurrent queries never deadlock
+            states = {n: self._lock(cur, n) for n in sorted(names)}
+            rhos = {}
+            for n in names:
+                s = states[n]
+                if s.zcdp:
+                    rhos[n] = query_rho(epsilon_max, delta, rho)  # ValueError: no zCDP bound (rolled back)
+                    fits = admits_rho(s.spent_rho, s.reserved_rho, s.rho_total, rhos[n])
+                else:
+                    rhos[n] = rho
+                    fits = admits(s.spent, s.reserved, s.total, epsilon_max, delta)
+                if not fits:
+                    cur.execute(self._q("UPDATE budgets SET refusals = refusals + 1 WHERE name = ?"), (n,))
+                    return BudgetExhausted(n, epsilon_max, delta, s.remaining, rhos[n] if s.zcdp else None,
+                                           s.remaining_rho)
+            rids = []
+            for n in names:
+                cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
+                                    "created, rho, mechanism, params) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                                    + (" RETURNING id" if self.postgres else "")),
+                            (n, request_id, self.owner, epsilon_max, delta, epsilon_max, time.time(), rhos[n],
+                             mechanism, params))
+                rids.append(cur.fetchone()[0] if self.postgres else cur.lastrowid)
+                cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, "
+                                    "reserved_delta = reserved_delta + ?, reserved_rho = reserved_rho + ?, "
+                                    "open = open + 1 WHERE name = ?"),
+                            (epsilon_max, delta, rhos[n] or 0.0, n))
+            return rids
 
-        rid = self._run(op, durable=False)
-        if isinstance(rid, BudgetExhausted):  # the refusal is counted (committed); nothing is held
-            raise rid
-        return rid
+        rids = self._run(op, durable=False)
+        if isinstance(rids, BudgetExhausted):  # the refusal is counted (committed); nothing is held
+            raise rids
+        return rids
 
     def settle(self, reservation: int, epsilon: float | None = None, kind: str = "settle") -> float:
         """Charge the realised cost (``None``: the worst case) and release the rest, atomically.
@@ -476,36 +493,85 @@ class Ledger:
     def settle_state(self, reservation: int, epsilon: float | None = None, kind: str = "settle"
                      ) -> tuple[float, BudgetState]:
         """``settle``, also returning the budget's state right after the charge."""
+        return self.settle_all([reservation], epsilon, kind)[0]
+
+    def settle_all(self, reservations, epsilon: float | None = None, kind: str = "settle"
+                   ) -> list[tuple[float, BudgetState]]:
+        """``settle_state`` for several reservations of one query (``reserve_all``), atomically: all
+        are charged, or (the transaction fails) none is. Results in the order given."""
+        reservations = list(reservations)
+
         def op(cur):
-            cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max, rho, mechanism, params FROM events "
-                                "WHERE id = ? AND kind = 'reserve'"), (reservation,))
-            row = cur.fetchone()
-            if row is None:
-                raise KeyError(f"no reservation {reservation}")
-            name, request_id, delta, eps_max, rho, mechanism, params = row
-            s = self._lock(cur, name)
-            realised = eps_max if epsilon is None else float(epsilon)
-            amount = charge_amount("basic" if s.zcdp else s.composition, realised, eps_max)
-            rho_charged = None if rho is None else charge_rho(float(rho), realised, eps_max)
-            # the unique index on events(reservation) makes a second settlement fail
-            cur.execute(self._q("INSERT INTO events (budget, kind, reservation, request_id, epsilon, delta, epsilon_max, "
-                                "created, rho, mechanism, params, realised) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
-                        (name, kind, reservation, request_id, amount, delta, eps_max, time.time(), rho_charged,
-                         mechanism, params, None if epsilon is None else realised))
-            clamp = "GREATEST" if self.postgres else "MAX"
-            cur.execute(self._q(f"UPDATE budgets SET spent_epsilon = spent_epsilon + ?, spent_delta = spent_delta + ?, "
-                                f"reserved_epsilon = {clamp}(reserved_epsilon - ?, 0), "
-                                f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
-                                f"spent_rho = spent_rho + ?, reserved_rho = {clamp}(reserved_rho - ?, 0), "
-                                f"queries = queries + 1, open = open - 1 WHERE name = ?"),
-                        (amount, delta, eps_max, delta, rho_charged or 0.0, rho or 0.0, name))
-            return amount, BudgetState(s.name, s.tenant, s.total, s.composition,
-                                       Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
-                                       Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
-                                       s.queries + 1, s.refusals, s.open - 1, s.rho_total,
-                                       s.spent_rho + (rho_charged or 0.0), max(s.reserved_rho - (rho or 0.0), 0.0))
+            rows = {}
+            for rid in reservations:
+                cur.execute(self._q("SELECT budget, request_id, delta, epsilon_max, rho, mechanism, params FROM events "
+                                    "WHERE id = ? AND kind = 'reserve'"), (rid,))
+                row = cur.fetchone()
+                if row is None:
+                    raise KeyError(f"no reservation {rid}")
+                rows[rid] = row
+            states = {n: self._lock(cur, n) for n in sorted({r[0] for r in rows.values()})}  # global lock order
+            return [self._settle_one(cur, rid, rows[rid], states[rows[rid][0]], epsilon, kind) for rid in reservations]
 
         return self._run(op, durable=True)
+
+    def _settle_one(self, cur, reservation, row, s: BudgetState, epsilon, kind) -> tuple[float, BudgetState]:
+        name, request_id, delta, eps_max, rho, mechanism, params = row
+        realised = eps_max if epsilon is None else float(epsilon)
+        amount = charge_amount("basic" if s.zcdp else s.composition, realised, eps_max)
+        rho_charged = None if rho is None else charge_rho(float(rho), realised, eps_max)
+        # the unique index on events(reservation) makes a second settlement fail
+        cur.execute(self._q("INSERT INTO events (budget, kind, reservation, request_id, epsilon, delta, epsilon_max, "
+                            "created, rho, mechanism, params, realised) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                    (name, kind, reservation, request_id, amount, delta, eps_max, time.time(), rho_charged,
+                     mechanism, params, None if epsilon is None else realised))
+        clamp = "GREATEST" if self.postgres else "MAX"
+        cur.execute(self._q(f"UPDATE budgets SET spent_epsilon = spent_epsilon + ?, spent_delta = spent_delta + ?, "
+                            f"reserved_epsilon = {clamp}(reserved_epsilon - ?, 0), "
+                            f"reserved_delta = {clamp}(reserved_delta - ?, 0), "
+                            f"spent_rho = spent_rho + ?, reserved_rho = {clamp}(reserved_rho - ?, 0), "
+                            f"queries = queries + 1, open = open - 1 WHERE name = ?"),
+                    (amount, delta, eps_max, delta, rho_charged or 0.0, rho or 0.0, name))
+        return amount, BudgetState(s.name, s.tenant, s.total, s.composition,
+                                   Privacy(s.spent.epsilon + amount, s.spent.delta + delta),
+                                   Privacy(max(s.reserved.epsilon - eps_max, 0.0), max(s.reserved.delta - delta, 0.0)),
+                                   s.queries + 1, s.refusals, s.open - 1, s.rho_total,
+                                   s.spent_rho + (rho_charged or 0.0), max(s.reserved_rho - (rho or 0.0), 0.0))
+
+    def charge_once(self, name: str, key: str, event: PrivacyEvent) -> bool:
+        """Charge ``event`` to a budget once for ``key`` (a one-time release: the reward model's
+        private output range), atomically; True if charged now, False if it already was. Refuses
+        with ``BudgetExhausted`` when it does not fit. Safe when replicas start together."""
+        def op(cur):
+            s = self._lock(cur, name)  # serialises concurrent starts: the second sees the first's charge
+            cur.execute(self._q("SELECT 1 FROM events WHERE budget = ? AND request_id = ? AND kind = 'release'"),
+                        (name, key))
+            if cur.fetchone() is not None:
+                return False
+            rho = query_rho(event.epsilon, event.delta, event.rho) if s.zcdp else event.rho
+            fits = (admits_rho(s.spent_rho, s.reserved_rho, s.rho_total, rho) if s.zcdp
+                    else admits(s.spent, s.reserved, s.total, event.epsilon, event.delta))
+            if not fits:
+                return BudgetExhausted(name, event.epsilon, event.delta, s.remaining, rho if s.zcdp else None,
+                                       s.remaining_rho)
+            cur.execute(self._q("INSERT INTO events (budget, kind, request_id, owner, epsilon, delta, epsilon_max, "
+                                "created, rho, mechanism, params) VALUES (?, 'reserve', ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                                + (" RETURNING id" if self.postgres else "")),
+                        (name, key, self.owner, event.epsilon, event.delta, event.epsilon, time.time(), rho,
+                         event.mechanism, event.to_json()))
+            rid = cur.fetchone()[0] if self.postgres else cur.lastrowid
+            cur.execute(self._q("UPDATE budgets SET reserved_epsilon = reserved_epsilon + ?, reserved_delta = "
+                                "reserved_delta + ?, reserved_rho = reserved_rho + ?, open = open + 1 WHERE name = ?"),
+                        (event.epsilon, event.delta, rho or 0.0, name))
+            s = self._lock(cur, name)
+            self._settle_one(cur, rid, (name, key, event.delta, event.epsilon, rho, event.mechanism,
+                                        event.to_json()), s, None, "release")
+            return True
+
+        out = self._run(op, durable=True)
+        if isinstance(out, BudgetExhausted):
+            raise out
+        return out
 
     def heartbeat(self) -> None:
         """Record that this process is alive (its reservations are not to be recovered)."""

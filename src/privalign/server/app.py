@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import math
 import os
 import threading
@@ -117,6 +118,14 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
     return model
 
 
+def _fingerprint(model) -> str:
+    """A served reward model's identity, for charging its one-time range release once."""
+    w = getattr(model, "w", None)
+    body = json.dumps({"name": getattr(model, "name", None), "range": list(model.output_range),
+                       "w": None if w is None else np.asarray(w, float).round(12).tolist()})
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
 def shown(x: float) -> float:
     """A privacy amount for display: 12 significant digits, so 1 - 1e-16 reads 1.0. The ledger keeps
     (and admits and charges with) the exact values; only responses are rounded."""
@@ -157,6 +166,23 @@ class Service:
                 self.ledger.set_budget(b.name, b.epsilon_total, b.delta_total, b.composition, b.tenant)
         self.generator = generator or build_generator(cfg)
         self.reward = reward or build_reward(cfg)
+        self.model_budget = None
+        self.release_charged = False
+        mb = cfg.model_budget
+        if mb is not None:
+            try:
+                self.ledger.budget(mb.name)
+            except UnknownBudget:
+                self.ledger.set_budget(mb.name, mb.epsilon_total, mb.delta_total, mb.composition, None)
+            self.model_budget = mb.name
+            release = float(getattr(self.reward, "range_epsilon", 0.0) or 0.0)
+            if release > 0:  # the one-time private range release, charged once per model
+                try:
+                    self.release_charged = self.ledger.charge_once(
+                        mb.name, f"range-release:{_fingerprint(self.reward)}", A.pure_event(release, "range-release"))
+                except BudgetExhausted as e:
+                    raise ValueError(f"the model budget {mb.name!r} cannot cover the reward model's one-time range "
+                                     f"release (epsilon {release:g}): {e}") from None
         lo, hi = self.reward.output_range
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError("the reward model needs a finite declared output_range in the config")
@@ -178,6 +204,27 @@ class Service:
         # the names a request's "model" may carry (the first is the served name): anything else is a 404
         self.model_names = (cfg.served_model_name, *cfg.model_aliases)
         self._init_metrics()
+
+    def guarantee(self) -> dict:
+        """The guarantee a person in the reward model's preference data D gets from the whole
+        deployment: the model budget's, or without one, the sum over every budget."""
+        release = float(getattr(self.reward, "range_epsilon", 0.0) or 0.0)
+        if self.model_budget:
+            b = self.ledger.budget(self.model_budget)
+            return {"model_budget": b.name, "epsilon": b.total.epsilon, "delta": b.total.delta,
+                    "composition": b.composition, "range_release_epsilon": release,
+                    "statement": f"every answer to every tenant is charged to the model budget {b.name!r} (the "
+                                 f"reward model's one-time range release, epsilon {release:g}, included): a person "
+                                 f"in the preference data has ({b.total.epsilon:g}, {b.total.delta:g})-DP over "
+                                 "the deployment's life"}
+        budgets = [b for b in self.ledger.budgets()]
+        eps = math.fsum(b.total.epsilon for b in budgets) + release
+        delta = math.fsum(b.total.delta for b in budgets)
+        return {"model_budget": None, "epsilon": eps, "delta": delta, "range_release_epsilon": release,
+                "statement": f"no model budget: the {len(budgets)} budgets' totals add up, so a person in the "
+                             f"preference data has only ({eps:g}, {delta:g})-DP (the sum over all tenants, the "
+                             "range release included), and more with every budget created; configure "
+                             "[model_budget] for one deployment-wide limit"}
 
     def _keepalive(self):
         """Heartbeat, recover the reservations of processes whose lease has expired, and settle (at
@@ -201,7 +248,7 @@ class Service:
             pending = sorted(self._pending)
         for rid in pending:
             try:
-                self.ledger.settle(rid, None)
+                self.ledger.settle_all(rid, None)
             except Exception as e:
                 if "unique" not in str(e).lower() and "Integrity" not in type(e).__name__:
                     continue  # still failing: try again on the next tick
@@ -306,6 +353,9 @@ class Service:
             if not mine:
                 raise ApiError(403, "forbidden", "no budget is configured for this client's tenant")
             budget = mine[0]
+        if budget == self.model_budget:
+            raise ApiError(400, "invalid_request", f"{budget!r} is the model budget: every query is charged to it "
+                                                   "beside its tenant's budget; name a tenant budget")
         owner = self._tenant_of.get(budget)
         if owner is None:  # a budget's tenant never changes once it exists: cache it
             try:
@@ -354,11 +404,12 @@ class Service:
         request_id = uuid.uuid4().hex
         t_l = time.perf_counter()
         try:
-            rid = self.ledger.reserve(o["budget"], request_id=request_id, event=o["event"])
+            names = [o["budget"]] + ([self.model_budget] if self.model_budget else [])
+            rid = self.ledger.reserve_all(names, request_id=request_id, event=o["event"])  # all or none
         except BudgetExhausted as e:
             self.m_refusals.labels(o["budget"]).inc()
             extra = {} if e.rho is None else {"rho": e.rho, "rho_remaining": e.remaining_rho}
-            raise ApiError(429, "budget_exhausted", str(e), budget=o["budget"], epsilon_max=o["epsilon_max"],
+            raise ApiError(429, "budget_exhausted", str(e), budget=e.name, epsilon_max=o["epsilon_max"],
                            epsilon_remaining=e.remaining.epsilon, **extra) from None
         except ValueError as e:  # e.g. a query with no zCDP bound on a zcdp budget: nothing was reserved
             raise ApiError(400, "invalid_request", str(e)) from None
@@ -385,7 +436,7 @@ class Service:
             # the ex-post cost is snapped up to a 2^-20 grid before it is recorded or released, so the
             # response and the budget's remaining epsilon carry no low bits of PrivITP's noisy threshold
             cost = snap_up(sel.epsilon) if o["mechanism"] == "privitp" else sel.epsilon
-            charged, state = self.ledger.settle_state(rid, cost)  # durable before the response leaves
+            charged, state = self.ledger.settle_all(rid, cost)[0]  # durable before the response leaves
         except Exception as e:
             self._settle_worst_case(rid)  # the answer is withheld, but its candidates were scored
             raise ApiError(500, "ledger_error", f"the charge could not be recorded ({type(e).__name__}); the "
@@ -411,16 +462,16 @@ class Service:
             "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
                                  **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
 
-    def _settle_worst_case(self, rid: int) -> None:
+    def _settle_worst_case(self, rid: list[int]) -> None:
         """Charge a reservation's worst case; if even that fails (the database is failing), the
         reservation stays open (held, so the budget cannot be overspent), and the keep-alive thread
         settles it as soon as the database works again (or, should this process die first, another
         process recovers it at its worst case once the lease lapses)."""
         try:
-            self.ledger.settle(rid, None)
+            self.ledger.settle_all(rid, None)
         except Exception:
             with self._pending_lock:
-                self._pending.add(rid)
+                self._pending.add(tuple(rid))
 
     def check_messages(self, messages) -> list[dict]:
         """OpenAI chat messages, content a string or a list of text parts, within the caps."""

@@ -148,6 +148,22 @@ class BudgetConfig(_Section):
         return self
 
 
+class ModelBudgetConfig(_Section):
+    """The deployment-wide budget on the reward model's preference data D: every query, whatever its
+    tenant, is charged here too, so a person in D gets this guarantee from the whole service."""
+
+    name: str = "model"
+    epsilon_total: float = Field(gt=0)
+    delta_total: float = Field(1e-6, ge=0, lt=1)
+    composition: Literal["fsrc", "basic", "zcdp"] = "fsrc"
+
+    @model_validator(mode="after")
+    def _zcdp_needs_a_delta(self):
+        if self.composition == "zcdp" and self.delta_total <= 0:
+            raise ValueError(f"model_budget: delta_total must be > 0 for zcdp, got {self.delta_total!r}")
+        return self
+
+
 class ClientConfig(_Section):
     tenant: str
 
@@ -175,6 +191,13 @@ class ServiceConfig(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     mechanism: MechanismConfig = Field(default_factory=MechanismConfig)
     budgets: list[BudgetConfig] = Field(default_factory=lambda: [BudgetConfig(name="default", epsilon_total=10.0)])
+    model_budget: ModelBudgetConfig | None = None
+
+    @model_validator(mode="after")
+    def _model_budget_name(self):
+        if self.model_budget is not None and self.model_budget.name in {b.name for b in self.budgets}:
+            raise ValueError(f"model_budget.name {self.model_budget.name!r} is also a tenant budget's name")
+        return self
 
     @property
     def served_model_name(self) -> str:
