@@ -77,7 +77,8 @@ class Server:
         self.log_path = Path(str(self.config)).with_suffix(".log")
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "privalign", "serve", "--config", str(self.config),
-                                      "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=self.log)
+                                      "--port", str(self.port)], stdout=subprocess.DEVNULL, stderr=self.log,
+                                     cwd=getattr(self, "cwd", None))
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -303,6 +304,35 @@ def test_kill_9_under_load_keeps_the_ledger_consistent(tmp_path):
     assert math.fsum(c[2] for c in charged.values()) <= 1000.0
     assert ledger.budget("acme-rm").open == 0
     assert health["recovered_on_start"] >= 0
+
+
+def test_the_readmes_example_config_serves_the_counting_head_from_any_directory(tmp_path):
+    """Issue 19: `privalign serve --config examples/service.toml` from another working directory finds
+    its reward model in privalign's data, serves the certified counting head, and states the guarantee."""
+    example = (Path(__file__).resolve().parents[1] / "examples" / "service.toml").read_text()
+    body = "\n".join(line for line in example.splitlines() if not line.startswith("ledger ="))
+    srv = Server(tmp_path, body)
+    srv.cwd = str(tmp_path)
+    srv.start(timeout=300)
+    try:
+        status, out = call(srv.url, "/v1/chat/completions", {"messages": [{"role": "user", "content":
+                                                                         "What number comes after 41?"}],
+                                                           "privalign": {"n": 4}}, key="change-me-client")
+        assert status == 200, out
+        p = out["privalign"]
+        assert p["mechanism"] == "privbon" and p["composition"] == "zcdp" and p["epsilon_charged"] == pytest.approx(0.3)
+        log = srv.log_path.read_text()
+        assert "policy-bt" in log and "model budget 'model'" in log
+        admin = call(srv.url, "/v1/budgets", key="change-me-admin")[1]
+        assert admin["guarantee"]["model_budget"] == "model" and admin["guarantee"]["range_release_epsilon"] > 0
+    finally:
+        srv.stop()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'ledger = "{tmp_path / "never.db"}"\n[reward]\nkind = "policy-bt"\npath = "nope.json"\n')
+    res = subprocess.run([sys.executable, "-m", "privalign", "serve", "--config", str(bad)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert res.returncode == 2 and "reward.path: no file 'nope.json'" in " ".join(res.stderr.split())
+    assert "Traceback" not in res.stderr and not (tmp_path / "never.db").exists()  # nothing created
 
 
 def test_real_embedded_model_pair_and_http_generator(tmp_path):

@@ -260,8 +260,30 @@ def config_error_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def resolve_model_path(path: str, config_dir: Path | None) -> str:
+    """A reward model file named in a config: as given if absolute; else relative to the config
+    file's folder, then the working directory, then privalign's shipped data (``counting-policy-bt.json``)."""
+    from importlib import resources
+
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        tried = [p]
+    else:
+        tried = ([config_dir / p] if config_dir else []) + [Path.cwd() / p,
+                                                             Path(str(resources.files("privalign") / "data")) / p]
+    for candidate in tried:
+        if candidate.is_file():
+            return str(candidate)
+    raise ValueError(f"reward.path: no file {path!r} (looked in {', '.join(str(t.parent) for t in tried)})")
+
+
 def load_config(path: str | Path | None) -> ServiceConfig:
+    """Read and check a TOML config; reward model files are found (``resolve_model_path``) and
+    checked here, before the service creates anything."""
     if path is None:
         return ServiceConfig()
     with open(path, "rb") as fh:
-        return ServiceConfig.model_validate(tomllib.load(fh))
+        cfg = ServiceConfig.model_validate(tomllib.load(fh))
+    if cfg.reward.kind in ("minilm-bt", "policy-bt") and cfg.reward.path:
+        cfg.reward.path = resolve_model_path(cfg.reward.path, Path(path).resolve().parent)
+    return cfg
