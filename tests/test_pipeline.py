@@ -59,6 +59,10 @@ def test_embedded_smollm2_generates_seeded_samples_with_logprobs(smollm2):
     assert all(1 <= g.n_tokens <= 6 and g.logprob is not None and g.logprob < 0 for g in a)
     many = smollm2.generate(task.messages(p), 12, max_new_tokens=6)  # OS entropy
     assert len({g.text for g in many}) > 1
+    # the stop reason the service reports: a one-token cap cuts the answers ("length"); the task's
+    # few-shot answers end well inside 6 tokens for most samples ("stop")
+    assert all(g.finish_reason == "length" for g in smollm2.generate(task.messages(p), 4, max_new_tokens=1, seed=1))
+    assert {g.finish_reason for g in many} <= {"stop", "length"} and any(g.finish_reason == "stop" for g in many)
 
 
 # ------------------------------------------------------------------ reward models

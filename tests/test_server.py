@@ -188,7 +188,9 @@ def test_bad_input_is_refused_and_charges_nothing(stub_server):
             ({"model": "stub", "messages": hi, "max_tokens": 9}, None),                # over the cap (8)
             ({"model": "stub", "messages": hi, "temperature": 0}, None),
             ({"model": "stub", "messages": hi * 65}, None),                            # too many messages
-            ({"model": "stub", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None)]
+            ({"model": "stub", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, None),
+            ({"model": "stub", "messages": [{"role": "user", "content": ""}]}, None),      # empty prompt
+            ({"model": "stub", "messages": [{"role": "user", "content": "   \n"}]}, None)]  # blank prompt
     for ext in [{"mechanism": "bon"}, {"n": 0}, {"n": 33}, {"n": 2.5}, {"epsilon": 0, "mechanism": "privbon"},
                 {"epsilon": -1, "mechanism": "privbon"}, {"beta": "high"}, {"delta": 1.5}, {"colour": "red"},
                 # extreme but valid numbers: the accountant answers, the service refuses with a 4xx
@@ -911,3 +913,17 @@ def test_a_poisoned_request_merged_with_another_tenants_fails_alone(tmp_path):
         assert [c[2] for c in led.charges("acme-rm")] == [pytest.approx(0.5)]
     finally:
         srv.stop()
+
+
+def test_an_answer_cut_at_max_tokens_says_length(stub_server):
+    """Issue 19: the selected candidate's own stop reason: cut at max_tokens is "length"."""
+    import openai
+
+    client = openai.OpenAI(base_url=stub_server.url + "/v1", api_key=CLIENT)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    cut = client.chat.completions.create(model="stub", messages=msgs, max_tokens=2,
+                                         extra_body={"privalign": {"mechanism": "privbon", "n": 4}})
+    assert cut.choices[0].finish_reason == "length"
+    whole = client.chat.completions.create(model="stub", messages=msgs, max_tokens=8,
+                                           extra_body={"privalign": {"mechanism": "privbon", "n": 4}})
+    assert whole.choices[0].finish_reason == "stop"

@@ -17,6 +17,7 @@ class Generation:
     logprob: float | None = None  # sum of the sampled tokens' log-probabilities, when the backend gives it
     features: object = None       # policy features (numpy vector) when asked for and the backend gives them
     prompt_tokens: int | None = None  # the prompt's length in tokens, when the backend reports it
+    finish_reason: str | None = None  # "stop" (the model ended it) or "length" (cut at max_new_tokens)
 
 
 class BackendError(RuntimeError):

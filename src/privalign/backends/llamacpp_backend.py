@@ -33,5 +33,6 @@ class LlamaCppGenerator:
             tokens = lp.get("content") or []
             logprob = float(sum(float(t["logprob"]) for t in tokens)) if tokens else None
             out.append(Generation(choice["message"]["content"], r["usage"]["completion_tokens"], logprob,
-                                  prompt_tokens=r["usage"].get("prompt_tokens")))
+                                  prompt_tokens=r["usage"].get("prompt_tokens"),
+                                  finish_reason=choice.get("finish_reason")))
         return out

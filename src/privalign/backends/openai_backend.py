@@ -170,7 +170,7 @@ class OpenAIGenerator:
             logprob = sum(t["logprob"] for t in content) if content else None
             n_tokens = len(content) if content else int(c.get("n_tokens", 0)) or None
             out.append(Generation(text or "", n_tokens if n_tokens is not None else -1, logprob,
-                                  prompt_tokens=prompt_tokens))
+                                  prompt_tokens=prompt_tokens, finish_reason=c.get("finish_reason")))
         return out
 
     def _calls(self, messages, sizes: list[int], max_new_tokens, temperature, seeds) -> list[list[Generation]]:

@@ -251,7 +251,8 @@ class TransformersGenerator:
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
             res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
                                   features=None if feats is None else policy_features(feats[0][i], feats[1][i],
-                                                                                      lp, n)))
+                                                                                      lp, n),
+                                  finish_reason="length" if n >= max_new_tokens else "stop"))
         return res
 
     def _sample_compact(self, prefix, idx, prefix_mask, max_new_tokens, temperature, gen, eos) -> list[Generation]:
@@ -298,7 +299,8 @@ class TransformersGenerator:
         res = []
         for row, n, lp in zip(tokens.tolist(), n_tok.tolist(), logprob.tolist()):
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None))
+            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
+                                  finish_reason="length" if n >= max_new_tokens else "stop"))
         return res
 
     def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64,

@@ -28,5 +28,6 @@ class VLLMGenerator:
         for c in res.outputs:
             out.append(Generation(c.text, len(c.token_ids), float(c.cumulative_logprob)
                                   if c.cumulative_logprob is not None else None,
-                                  prompt_tokens=len(res.prompt_token_ids or []) or None))
+                                  prompt_tokens=len(res.prompt_token_ids or []) or None,
+                                  finish_reason=c.finish_reason))
         return out

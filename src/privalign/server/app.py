@@ -47,7 +47,9 @@ class StubGenerator:
 
         raw = os.urandom(4 * k).hex()  # one system call for the whole batch
         words = sum(len(m["content"].split()) for m in messages)  # the stub's "tokens" are words
-        return [Generation(f"candidate {raw[8 * i:8 * i + 8]}", 3, None, prompt_tokens=words) for i in range(k)]
+        # "length" when the cap is below the stub's 3 tokens, as a real model cut at max_new_tokens
+        return [Generation(f"candidate {raw[8 * i:8 * i + 8]}", min(3, max_new_tokens), None, prompt_tokens=words,
+                           finish_reason="length" if max_new_tokens < 3 else "stop") for i in range(k)]
 
 
 class StubReward(RewardModel):
@@ -421,7 +423,7 @@ class Service:
         ledger_s = time.perf_counter() - t_l
         try:
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
-            text, sel, generated = self._select(messages, o, max_tokens, temperature, usage)
+            chosen, sel, generated = self._select(messages, o, max_tokens, temperature, usage)
         except BaseException as e:
             # generation or scoring failed after the reservation: charge the worst case (never refund)
             self._settle_worst_case(rid)
@@ -452,7 +454,7 @@ class Service:
         self.m_latency.observe(time.perf_counter() - t0)
         # usage: the prompt once, and every candidate generated for this answer (what the backend produced)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {"text": text, "usage": usage, "privalign": {
+        return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage, "privalign": {
             "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
             "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
             "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
@@ -492,6 +494,8 @@ class Service:
             if not isinstance(content, str):
                 raise ApiError(400, "invalid_request", "message content must be a string or a list of text parts")
             out.append({"role": m["role"], "content": content})
+        if not out[-1]["content"].strip():  # nothing to answer: refused before anything is reserved
+            raise ApiError(400, "invalid_request", "the last message's content is empty or blank")
         chars = sum(len(m["content"]) for m in out)
         if chars > self.cfg.max_prompt_chars:
             raise ApiError(400, "invalid_request", f"prompt has {chars} characters, over the cap of "
@@ -517,7 +521,7 @@ class Service:
         return score_checked(self.reward, [prompt] * len(texts), texts).scores
 
     def _select(self, messages, o, max_tokens, temperature=None, usage: dict | None = None):
-        """Generate, score and select. Returns (text, selection, candidates generated).
+        """Generate, score and select. Returns (the selected Generation, selection, candidates generated).
 
         PrivITP's Phase 2 is generated in chunks: at most ``phase2_chunks`` backend calls of
         c = ceil(n / phase2_chunks) candidates, each chunk scored in one reward call. The first chunk
@@ -537,13 +541,13 @@ class Service:
         """
         n = o["n"]
         if o["mechanism"] == "privbon":
-            first = [g.text for g in self._generate(messages, n, max_tokens, temperature, usage)]
-            r1 = self._scores(messages, first)
+            first = self._generate(messages, n, max_tokens, temperature, usage)
+            r1 = self._scores(messages, [g.text for g in first])
             sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range,
                             noise=self.cfg.mechanism.privbon_noise)
             return first[sel.index], sel, n
         c = -(-n // min(self.cfg.mechanism.phase2_chunks, n))  # Phase 2's chunk size, ceil(n / chunks)
-        phase2: list[str] = []       # Phase-2 candidates, in the order the mechanism examines them
+        phase2: list = []            # Phase-2 candidates (Generations), in the order the mechanism examines them
         rewards: list[float] = []    # their rewards
         generated, fallback, examined = 0, None, 0
 
@@ -552,12 +556,12 @@ class Service:
             chunk completes Phase 2), scored in one reward call; returns the Phase-1 scores."""
             nonlocal generated, fallback
             last = len(phase2) + k2 == n
-            texts = [g.text for g in self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage)]
-            generated += len(texts)
+            gens = self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage)
+            generated += len(gens)
             if last:
-                fallback = texts[k1 + k2]  # never scored
-            scores = self._scores(messages, texts[:k1 + k2])
-            phase2.extend(texts[k1:k1 + k2])
+                fallback = gens[k1 + k2]  # never scored
+            scores = self._scores(messages, [g.text for g in gens[:k1 + k2]])
+            phase2.extend(gens[k1:k1 + k2])
             rewards.extend(float(r) for r in scores[k1:])
             return scores[:k1]
 

@@ -161,7 +161,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     def reply(out: dict, body: dict, kind: str, choice: dict) -> JSONResponse:
         return JSONResponse({"id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + out["privalign"]["request_id"],
                              "object": kind, "created": int(time.time()), "model": body.get("model") or svc.model_names[0],
-                             "choices": [{"index": 0, **choice, "finish_reason": "stop", "logprobs": None}],
+                             "choices": [{"index": 0, **choice, "finish_reason": out["finish_reason"], "logprobs": None}],
                              "usage": out["usage"], "privalign": out["privalign"]})
 
     # the two answering routes are plain Starlette routes: they take the raw request and build their
