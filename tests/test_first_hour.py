@@ -70,7 +70,7 @@ def test_routine_mistakes_are_one_line_errors(tmp_path):
     for args, words in ((["--reward", "nonexistent"], "not a reward column"),
                         (["--reward-range", "3,1"], "lo < hi"),
                         (["--reward-range", "x"], "'lo,hi'"),
-                        (["--without-replacement", "--n", "1,64"], "without replacement")):
+                        (["--without-replacement", "--n", "1,64"], "cannot draw n = 64")):
         one_line(runner.invoke(app, ["evaluate", str(pool), *args, "--out", str(tmp_path / "out")]), 2, words)
     res = runner.invoke(app, ["evaluate", str(pool), "--reward-range", "5,6", "--n", "1,2", "--replicates", "2",
                               "--out", str(tmp_path / "clipped")])
@@ -88,6 +88,16 @@ def test_routine_mistakes_are_one_line_errors(tmp_path):
                               (["evaluate", str(bad), "--out", str(tmp_path / "o")], 2, "bad.jsonl"),
                               (["pool", "info", str(notparquet)], 2, "not a readable Parquet file")):
         one_line(runner.invoke(app, args), code, words)
+    nocols = tmp_path / "nocols.jsonl"
+    nocols.write_text('{"a": 1}\n')  # issue 19: a clean message, not a KeyError traceback
+    res = runner.invoke(app, ["pool", "validate", str(nocols)])
+    assert res.exit_code == 1 and "missing required column 'prompt_id'" in res.output and "Traceback" not in res.output
+    # issue 19: n above a prompt's samples is refused without replacement, and warned about with it
+    one_line(runner.invoke(app, ["evaluate", str(pool), "--n", "1000", "--without-replacement", "--out",
+                                 str(tmp_path / "o2")]), 2, "cannot draw n = 1000")
+    res = runner.invoke(app, ["evaluate", str(pool), "--n", "1,4,500", "--replicates", "2", "--algorithms", "bon",
+                              "--out", str(tmp_path / "o3")])
+    assert res.exit_code == 0 and "n = 500 exceeds the samples of 4 prompt(s)" in " ".join(res.output.split())
     bad_config = tmp_path / "service.toml"
     bad_config.write_text("max_n = 0\n")
     one_line(runner.invoke(app, ["serve", "--config", str(bad_config)]), 2, "invalid config")

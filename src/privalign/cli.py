@@ -184,6 +184,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
 
     if reward is not None and reward not in p.reward_names:
         _fail(f"--reward {reward!r} is not a reward column of {pool}; it has {p.reward_names}")
+    _check_draws(p, settings.n_grid, without_replacement)
     if rr is not None and normalisation == "none":
         scores = np.asarray(p.reward(reward), float)
         share = float(np.mean((scores < rr[0]) | (scores > rr[1])))
@@ -198,6 +199,26 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
     except (PoolError, ValueError) as e:
         _fail(f"{pool}: {e}")
     console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html")
+
+
+def _check_draws(p, n_grid, without_replacement: bool) -> None:
+    """n larger than a prompt's samples: refused without replacement, said aloud with it."""
+    from .pools import _codes
+
+    pid = np.asarray(p.columns["prompt_id"])
+    codes = _codes(pid)  # vectorised: a full grid's pool has 13 million rows
+    counts = np.bincount(codes)
+    big = max(n_grid)
+    short = counts < big
+    if not short.any():
+        return
+    ids = pid[np.unique(codes, return_index=True)[1]]
+    names = ", ".join(f"{ids[i]} ({counts[i]})" for i in np.flatnonzero(short)[:5])
+    more = f" and {int(short.sum()) - 5} more" if short.sum() > 5 else ""
+    if without_replacement:
+        _fail(f"--without-replacement cannot draw n = {big} from prompts with fewer samples: {names}{more}")
+    console.print(f"[yellow]warning:[/yellow] n = {big} exceeds the samples of {int(short.sum())} prompt(s) "
+                  f"({names}{more}): their candidates are drawn with replacement, so repeats are likely")
 
 
 @app.command()

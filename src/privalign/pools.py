@@ -70,10 +70,12 @@ class Pool:
     def problems(self) -> list[str]:
         """Everything wrong with the pool, each message naming the rows (up to 10 each)."""
         out = []
-        n = self.n_rows
         for col in REQUIRED:
             if col not in self.columns:
                 out.append(f"missing required column {col!r}")
+        if out:  # nothing else can be checked by row
+            return out + ([] if self.reward_names else ["no reward column: expected at least one 'reward:<name>' column"])
+        n = self.n_rows
         if not self.reward_names:
             out.append("no reward column: expected at least one 'reward:<name>' column")
         for name, col in self.columns.items():
@@ -97,14 +99,7 @@ class Pool:
         tr = _as_float(self.columns["true_reward"])
         rows(np.isnan(tr), "true_reward missing or NaN")
         rows((tr < 0) | (tr > 1), "true_reward outside [0, 1]")
-        key = np.array([f"{p}\x00{s}" for p, s in zip(self.columns["prompt_id"], self.columns["sample_id"])])
-        _, first, counts = np.unique(key, return_index=True, return_counts=True)
-        dup = np.zeros(n, bool)
-        if (counts > 1).any():
-            seen = np.zeros(n, bool)
-            seen[first] = True
-            dup = ~seen
-        rows(dup, "duplicate (prompt_id, sample_id)")
+        rows(_later_duplicates(self.columns["prompt_id"], self.columns["sample_id"]), "duplicate (prompt_id, sample_id)")
         return out
 
     def validate(self) -> "Pool":
@@ -172,6 +167,29 @@ class GroupedPool:
         return GroupedPool(prompt_ids=self.prompt_ids[prompts], offsets=np.r_[0, np.cumsum(sizes)],
                            proxy=np.concatenate([self.proxy[s] for s in parts]),
                            true=np.concatenate([self.true[s] for s in parts]))
+
+
+def _codes(values) -> np.ndarray:
+    """Integer codes of a column's values (equal values, equal codes), vectorised through Arrow."""
+    import pyarrow as pa
+
+    try:
+        return np.asarray(pa.array(values).dictionary_encode().indices.to_numpy(zero_copy_only=False), np.int64)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types: compare their text
+        return np.unique(np.asarray([str(v) for v in values]), return_inverse=True)[1].astype(np.int64)
+
+
+def _later_duplicates(prompt_id, sample_id) -> np.ndarray:
+    """True for every row whose (prompt_id, sample_id) occurred in an earlier row."""
+    n = len(prompt_id)
+    a = _codes(prompt_id)
+    b = _codes(sample_id)
+    key = a * (int(b.max()) + 1 if n else 1) + b
+    order = np.argsort(key, kind="stable")
+    dup = np.zeros(n, bool)
+    sorted_key = key[order]
+    dup[order[1:][sorted_key[1:] == sorted_key[:-1]]] = True
+    return dup
 
 
 def _show(v) -> str:
