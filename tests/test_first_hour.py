@@ -159,3 +159,20 @@ epsilon_total = 0.35
     assert any(" 404 " in line for line in lines) and any(" 429 " in line and "budget=acme-rm" in line
                                                           for line in lines)
     assert all(re.search(r"request_id=[0-9a-f]{32}", line) for line in lines if " 200 " in line)
+
+
+def test_help_and_info_say_what_is_true(tmp_path):
+    """Issue 19: reproduce's default pool, generate's tasks, score without a path, rounded pool info."""
+    from privalign.tasks import TASKS
+
+    res = runner.invoke(app, ["reproduce", "--help"], terminal_width=200)
+    assert "default: the embedded counting pool" in " ".join(res.output.split())
+    res = " ".join(runner.invoke(app, ["generate", "--help"], terminal_width=200).output.split())
+    assert all(t in res for t in TASKS)
+    pool = tmp_path / "p.parquet"
+    simulate("gaussian", 4, 20, seed=0).save(pool)
+    one_line(runner.invoke(app, ["score", str(pool), "--reward", "policy-bt"]), 2, "needs its model: policy-bt:PATH")
+    res = runner.invoke(app, ["pool", "info", str(pool)])
+    assert res.exit_code == 0
+    import re
+    assert not re.search(r"\d\.\d{8,}", res.output)  # no float noise such as 0.10250000000000001

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -234,7 +235,7 @@ def report(results: Path = typer.Argument(..., help="results directory")):
 
 
 @app.command()
-def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded arithmetic-mix pool)"),
+def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the embedded counting pool)"),
               task: Optional[str] = typer.Option(None, help="use the embedded pool of this task "
                                                             "(counting, arithmetic-mix, mmlu-letters, arithmetic, addition)"),
               reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's default)"),
@@ -341,7 +342,8 @@ def _generator(model: str, backend: str, base_url: Optional[str]):
 
 
 @app.command()
-def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject] or arithmetic"),
+def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject], mmlu-letters, "
+                                                 "arithmetic, arithmetic-mix, addition or counting"),
              split: str = typer.Option("test"),
              limit: Optional[int] = typer.Option(None, help="first N problems"),
              samples: int = typer.Option(64, help="responses per prompt"),
@@ -798,7 +800,18 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
 @pool_app.command("info")
 def pool_info(pool: Path):
     """Print what a pool holds."""
-    print(json.dumps(_load(pool).info(), indent=2, default=str))
+    print(json.dumps(_rounded(_load(pool).info()), indent=2, default=str))
+
+
+def _rounded(obj, digits: int = 6):
+    """Floats to ``digits`` significant digits for display (0.10250000000000001 reads 0.1025)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
+    if isinstance(obj, dict):
+        return {k: _rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v, digits) for v in obj]
+    return obj
 
 
 @pool_app.command("validate")

@@ -8,6 +8,10 @@ def load_reward(spec: str) -> RewardModel:
     """``minilm-bt:PATH`` or ``policy-bt:PATH`` (trained certified heads), ``hf:PATH_OR_ID`` or
     ``http:URL``."""
     kind, _, arg = spec.partition(":")
+    if kind in ("minilm-bt", "policy-bt", "hf", "http") and not arg.strip():
+        what = "URL" if kind == "http" else "PATH_OR_ID" if kind == "hf" else "PATH"
+        raise ValueError(f"reward {spec!r} needs its model: {kind}:{what} (e.g. {kind}:"
+                         f"{'rm.json' if what == 'PATH' else 'http://127.0.0.1:8002/score' if kind == 'http' else 'OpenAssistant/reward-model-deberta-v3-large-v2'})")
     if kind == "minilm-bt":
         return EmbeddingBTReward.load(arg)
     if kind == "policy-bt":
