@@ -165,9 +165,9 @@ def test_help_and_info_say_what_is_true(tmp_path):
     """Issue 19: reproduce's default pool, generate's tasks, score without a path, rounded pool info."""
     from privalign.tasks import TASKS
 
-    res = runner.invoke(app, ["reproduce", "--help"], terminal_width=200)
+    res = runner.invoke(app, ["reproduce", "--help"], env={"COLUMNS": "300"})
     assert "default: the embedded counting pool" in " ".join(res.output.split())
-    res = " ".join(runner.invoke(app, ["generate", "--help"], terminal_width=200).output.split())
+    res = " ".join(runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "300"}).output.split())
     assert all(t in res for t in TASKS)
     pool = tmp_path / "p.parquet"
     simulate("gaussian", 4, 20, seed=0).save(pool)
