@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from privalign.cli import app
 from privalign.pipeline import features_path, generate_pool, pool_features, save_features, score_pool
-from privalign.evaluation.experiments import within_prompt_auc
+from privalign.metrics import within_prompt_auc
 from privalign.pools import Pool, load_pool
 from privalign.rewards import load_reward
 from privalign.rewards.policy_bt import (

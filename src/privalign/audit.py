@@ -95,7 +95,7 @@ def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, 
     if mechanism == "bon":
         return np.full(runs, x[1] > x[0])
     if mechanism == "privbon":
-        sigma = A.gumbel_noise_scale(epsilon, sens) if noise_scale is None else noise_scale
+        sigma = A.gumbel_noise_scale(epsilon, sens)
         g = -np.log(rng.standard_exponential((runs, 2)))
         return np.argmax(x / sigma + g, axis=1) == 1
     if mechanism == "privbon-gaussian":

@@ -27,7 +27,6 @@ Metrics, per selection (the fallback counts as a fresh base-policy draw)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -361,18 +360,3 @@ def evaluate_prompts(prep: PreparedPool, s: EvalSettings, lo: int, hi: int) -> t
                 for j, eps2 in enumerate(_privitp_epsilon2(prep, s, pending)):
                     out[a, j, i, METRICS.index("epsilon")] += eps2.mean()
     return out, base
-
-
-def evaluate(pool: GroupedPool, settings: EvalSettings, progress: Callable[[int, int], None] | None = None
-             ) -> EvalResult:
-    """Run the harness; ``progress(done, total)`` is called as prompts complete.
-
-    ``settings.workers`` processes (or the Dask cluster of ``settings.scheduler``) share the
-    prompts; the results do not depend on how (``evaluation.parallel``).
-    """
-    from . import parallel
-
-    s = settings.check()
-    prep = prepare(pool, s)
-    out, base = parallel.run(prep, s, progress)
-    return EvalResult(s, out, base, prep.reward_range, pool.prompt_ids)

@@ -13,12 +13,8 @@ import numpy as np
 from scipy import special
 
 from .._special import mean_ndtr
+from ..metrics import softmax_rows  # noqa: F401  (the laws' Gumbel row, shared with training)
 from ..accounting.privitp import _check_lambda_tilde, _check_phase2, _terms
-
-
-def softmax_rows(x: np.ndarray, sigma: float) -> np.ndarray:
-    """PrivBoN with Gumbel noise: softmax(x / sigma) per row (Prop. 3.2)."""
-    return special.softmax(x / sigma, axis=1)
 
 
 def gaussian_rows(x: np.ndarray, sigma: float, step: float = 0.05) -> np.ndarray:

@@ -22,7 +22,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from .harness import METRICS, EvalSettings, PreparedPool, evaluate_prompts
+from ..pools import GroupedPool
+from .harness import METRICS, EvalResult, EvalSettings, PreparedPool, evaluate_prompts, prepare
 
 # Estimated work (candidate draws, see ``work``) below which a local pool does not pay for its
 # start-up: about 0.4 s of one core.
@@ -142,3 +143,16 @@ def _run_dask(prep, s, collect) -> None:
         except BaseException:
             client.cancel(futures)
             raise
+
+
+def evaluate(pool: GroupedPool, settings: EvalSettings, progress: Callable[[int, int], None] | None = None
+             ) -> EvalResult:
+    """Run the harness; ``progress(done, total)`` is called as prompts complete.
+
+    ``settings.workers`` processes (or the Dask cluster of ``settings.scheduler``) share the
+    prompts; the results do not depend on how.
+    """
+    s = settings.check()
+    prep = prepare(pool, s)
+    out, base = run(prep, s, progress)
+    return EvalResult(s, out, base, prep.reward_range, pool.prompt_ids)

@@ -28,7 +28,8 @@ import numpy as np
 from .. import accounting as A
 from ..mechanisms import privitp as privitp_mechanism
 from ..pools import GroupedPool
-from .harness import EvalSettings, evaluate, prepare
+from .harness import EvalSettings, prepare
+from .parallel import evaluate
 
 PRIVATE = ("privbon", "privbon-gaussian", "privitp")
 LABELS = {"bon": "BoN", "itp": "ITP", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",

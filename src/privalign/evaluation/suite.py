@@ -22,7 +22,9 @@ from ..report import figures
 from ..report.html import render
 from ..report.results import SUMMARY_COLUMNS, atomic_directory, write_csv, write_json
 from . import experiments as X
-from .harness import METRICS, EvalResult, EvalSettings, evaluate
+from .harness import METRICS, EvalResult, EvalSettings
+from ..metrics import within_prompt_auc
+from .parallel import evaluate
 
 Progress = Callable[[str, int, int], None]
 
@@ -230,9 +232,9 @@ def test_auc(pool: Pool, reward: str | None, test_ids) -> dict:
     rows = np.isin(pool.columns["prompt_id"], test_ids)
     y, pid = pool.columns["true_reward"][rows], pool.columns["prompt_id"][rows]
     name = reward or pool.metadata.get("default_reward") or pool.reward_names[0]
-    out = {"reward": name, "auc": X.within_prompt_auc(pool.reward(name)[rows], y, pid)}
+    out = {"reward": name, "auc": within_prompt_auc(pool.reward(name)[rows], y, pid)}
     if "logprob" in pool.reward_names and name != "logprob":
-        out["logprob_auc"] = X.within_prompt_auc(pool.reward("logprob")[rows], y, pid)
+        out["logprob_auc"] = within_prompt_auc(pool.reward("logprob")[rows], y, pid)
         out["met"] = bool(out["auc"] >= 0.65 and out["auc"] > out["logprob_auc"])
     return out
 

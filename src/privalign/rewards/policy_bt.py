@@ -37,8 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluation.experiments import within_prompt_auc
-from ..evaluation.laws import softmax_rows
+from ..metrics import softmax_rows, within_prompt_auc
 from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
 
 
