@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import platform
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +37,7 @@ def _settings_record(settings: EvalSettings, pool: Pool, pool_path, result: Eval
         "python": platform.python_version(),
         "numpy": np.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": ("privalign " + " ".join(sys.argv[1:])) if Path(sys.argv[0]).name == "privalign" else None,
         "evaluation": settings.as_dict(),
         "reward_range_used": list(result.reward_range) if result is not None else None,
         "pool": {"path": str(pool_path) if pool_path else None, "prompts": int(n_prompts),

@@ -166,8 +166,13 @@ def audit_bars(rows: list[dict], out: Path, name: str = "audit") -> list[str]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 3.6))
     x = np.arange(len(rows))
-    ax.bar(x, [r["epsilon_lower_bound"] for r in rows], color=[COLORS.get(r["mechanism"], "#777") for r in rows],
-           label="95% lower bound (Clopper-Pearson)")
+    ax.bar(x, [r["epsilon_lower_bound"] for r in rows], color=[COLORS.get(r["mechanism"], "#777") for r in rows])
+    from matplotlib.patches import Patch
+
+    # one legend entry for bars of every colour: a neutral swatch, not the first bar's colour
+    ax.add_artist(ax.legend(handles=[Patch(facecolor="#cccccc", edgecolor="#555555",
+                                           label="95% lower bound (Clopper-Pearson), one colour per mechanism")],
+                            fontsize=7, loc="upper center"))
     for i, r in enumerate(rows):
         if np.isfinite(float(r["claimed_epsilon"])):  # "inf" once read back from JSON
             ax.plot([i - 0.4, i + 0.4], [float(r["claimed_epsilon"])] * 2, color="k", lw=1.5,

@@ -95,6 +95,8 @@ def sig3(v) -> str:
     v = float(v)
     if math.isnan(v):
         return "n/a"
+    if abs(v) < 1e-12:  # float noise of a difference (a lift of -2.15e-14 at n = 1) reads 0
+        v = 0.0
     if math.isinf(v):
         return "&infin;"
     if v.is_integer() and abs(v) < 1e7:
@@ -203,8 +205,26 @@ def render_reproduce(d: Path, settings: dict) -> str:
     eps = h.get("target_epsilon", 1.0)
     n = h.get("n_ref", 16)
     samp = meta.get("sampling", {})
+    items = headline_sentences(h, num=sig3, verdict=_verdict, name=html.escape)
+    edges = []
+    for t, per in h.get("edges", {}).items():
+        if t == "itp":
+            if per.get("edge"):
+                edges.append(f"ITP beta = {sig3(per['beta'])}")
+            continue
+        for algo, c in per.items():
+            if c.get("edge"):
+                edges.append(f"{algo} at epsilon {t}: {', '.join(c.get('edge_parameters', []))} "
+                             f"(beta = {sig3(c.get('beta'))}, phase-1 fraction = {sig3(c.get('phase1_fraction'))})")
+    if edges:
+        items.append("Tuned values on the edge of their grid (the optimum may lie beyond it): " + "; ".join(edges) + ".")
+    verdicts = "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
     p = [f"<!doctype html><html><head><meta charset='utf-8'><title>privalign: private selection on real data</title>"
          f"<style>{CSS}</style></head><body><h1>Private Best-of-N on real data</h1>"]
+    run = (f"privalign {html.escape(str(settings.get('privalign_version', '?')))}, "
+           f"{html.escape(str(settings.get('created', '?')))}"
+           + (f", <code>{html.escape(settings['command'])}</code>" if settings.get("command") else ""))
+    p.append(f"<p><i>{run}</i></p><h2>Verdicts</h2>{verdicts}")
     p.append(
         f"<p><b>What was run.</b> The policy <b>{html.escape(str(meta.get('base_model', '?')))}</b> answered "
         f"{pool.get('prompts', '?')} prompts of the <b>{html.escape(str(meta.get('task', '?')))}</b> task "
@@ -246,13 +266,13 @@ def render_reproduce(d: Path, settings: dict) -> str:
             q = (f"{int(total // r['worst_case_epsilon'])} (basic) / {zq} (zCDP) within epsilon {sig3(total)}, "
                  f"delta {sig3(dtot)}")
         rows.append(f"<tr><td>{label}</td><td>{sig3(r['worst_case_epsilon'])}</td><td>{sig3(delta)}</td>"
-                    f"<td>{q}</td><td>{sig3(r['accuracy'])}</td></tr>")
+                    f"<td>{q}</td><td>{sig3(100 * r['accuracy'])}%</td></tr>")
     if cert.get("range_epsilon"):
         rows.append(f"<tr><td>reward model's output range (released once)</td><td>{sig3(cert['range_epsilon'])} "
                     f"(once, not per query)</td><td>0</td><td>all</td><td></td></tr>")
     p.append("<h2>Privacy summary</h2><table><thead><tr><th>method</th><th>epsilon per query (worst case)</th>"
              "<th>delta per query</th><th>queries answered in one total budget</th>"
-             f"<th>accuracy at n = {n}</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+             f"<th>accuracy at n = {n} (% of answers right)</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     base = h.get("base_accuracy")
     p.append("<h2>Headline</h2>")
     if (d / "headline.png").exists():
@@ -260,20 +280,6 @@ def render_reproduce(d: Path, settings: dict) -> str:
     p.append(f"<p><i>Accuracy of each selection method as the number of candidates n grows, private methods at "
              f"epsilon = {sig3(eps)} per query; the base policy (one sample) is at {sig3(base)}. Bands: 95% "
              f"bootstrap intervals over test prompts.</i></p>")
-    items = headline_sentences(h, num=sig3, verdict=_verdict, name=html.escape)
-    edges = []
-    for t, per in h.get("edges", {}).items():
-        if t == "itp":
-            if per.get("edge"):
-                edges.append(f"ITP beta = {sig3(per['beta'])}")
-            continue
-        for algo, c in per.items():
-            if c.get("edge"):
-                edges.append(f"{algo} at epsilon {t}: {', '.join(c.get('edge_parameters', []))} "
-                             f"(beta = {sig3(c.get('beta'))}, phase-1 fraction = {sig3(c.get('phase1_fraction'))})")
-    if edges:
-        items.append("Tuned values on the edge of their grid (the optimum may lie beyond it): " + "; ".join(edges) + ".")
-    p.append("<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>")
     for fig, title, caption in (
             ("privacy_utility", "Privacy-utility", f"Accuracy at n = {n} against the worst-case epsilon per query; "
                                                     "PrivITP keeps the beta and phase split tuned at the first target."),
