@@ -120,12 +120,18 @@ def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
     for r in read_csv(out / "tuning.csv"):
         assert r["worst_case_epsilon"] <= r["target_epsilon"] or r["algorithm"] == "itp"
     summary = read_csv(out / "stream_summary.csv")
-    q = {r["composition"]: r["queries_mean"] for r in summary}
-    assert q["fsrc"] >= q["basic"] >= 1
+    q = {(r["algorithm"], r["composition"]): r["queries_mean"] for r in summary}
+    assert q["privitp", "fsrc"] >= q["privitp", "basic"] >= 1
+    # Gumbel PrivBoN at epsilon 0.1: zCDP answers more queries from the same budget than basic
+    assert q["privbon", "zcdp"] > q["privbon", "basic"] == q["privbon", "fsrc"] >= 199  # 20 / 0.1, rounded up
+    assert all(0 <= r["accuracy"] <= 1 for r in summary)
     head = json.loads((out / "headline.json").read_text())
-    assert {"bon_lift", "privbon_keeps", "regularisation", "fsrc"} <= set(head)
+    assert {"bon_lift", "privbon_keeps", "regularisation", "fsrc", "zcdp"} <= set(head)
     page = (out / "report.html").read_text()
-    assert page.index("What was run") < page.index("Privacy summary") < page.index("Headline") < page.index("Raw tables")
+    # the run and the verdicts come first, then what was run, the privacy summary, the figures
+    assert (page.index("Verdicts") < page.index("What was run") < page.index("Privacy summary")
+            < page.index("Headline") < page.index("Raw tables"))
+    assert "(zCDP)" in page and "under zCDP against" in page
     assert page.count('src="data:image/png;base64,') == 5
     assert "95% bootstrap" in page
     settings = json.loads((out / "settings.json").read_text())
