@@ -184,7 +184,7 @@ def test_bad_input_is_refused_and_charges_nothing(stub_server):
            ({"model": "stub", "messages": [{"role": "user", "content": "x" * 500}]}, None),
            ({"model": "stub", "messages": [{"role": "user", "content": "hi"}], "n": 3}, None)]
     hi = [{"role": "user", "content": "hi"}]
-    bad += [({"model": "stub", "messages": hi, "stream": True}, None),                 # streaming is refused
+    bad += [({"model": "stub", "messages": hi, "stream": "yes"}, None),                # stream must be a bool
             ({"model": "stub", "messages": hi, "max_tokens": 9}, None),                # over the cap (8)
             ({"model": "stub", "messages": hi, "temperature": 0}, None),
             ({"model": "stub", "messages": hi * 65}, None),                            # too many messages
@@ -927,3 +927,32 @@ def test_an_answer_cut_at_max_tokens_says_length(stub_server):
     whole = client.chat.completions.create(model="stub", messages=msgs, max_tokens=8,
                                            extra_body={"privalign": {"mechanism": "privbon", "n": 4}})
     assert whole.choices[0].finish_reason == "stop"
+
+
+def test_streaming_with_the_stock_openai_client(stub_server):
+    """Issue 19: stream=true answers in OpenAI's chunk format after the charge is settled: the text,
+    then the finish reason and the privalign block, usage with include_usage, then [DONE]; a
+    request that fails does so before the first byte, as an ordinary JSON error."""
+    import openai
+
+    client = openai.OpenAI(base_url=stub_server.url + "/v1", api_key=CLIENT, max_retries=0)
+    msgs = [{"role": "user", "content": "What is 2 + 2?"}]
+    before = call(stub_server.url, "/v1/budgets/acme-rm")[1]["queries"]
+    chunks = list(client.chat.completions.create(model="stub", messages=msgs, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"privalign": {"mechanism": "privbon", "n": 4}}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("candidate ") and chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "stop"
+    block = finals[0].model_extra["privalign"]
+    assert block["epsilon_charged"] > 0 and block["mechanism"] == "privbon"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4 * 3
+    state = call(stub_server.url, "/v1/budgets/acme-rm")[1]
+    assert state["queries"] == before + 1 and state["open_reservations"] == 0  # charged once, settled
+    completion = list(client.completions.create(model="stub", prompt="What is 3 + 3?", stream=True,
+                                                extra_body={"privalign": {"mechanism": "privbon", "n": 2}}))
+    assert "".join(c.choices[0].text for c in completion if c.choices).startswith("candidate ")
+    with pytest.raises(openai.BadRequestError):  # fails before the first byte: a JSON error, nothing charged
+        list(client.chat.completions.create(model="stub", messages=[{"role": "user", "content": " "}], stream=True))
+    assert call(stub_server.url, "/v1/budgets/acme-rm")[1]["queries"] == before + 2

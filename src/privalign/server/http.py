@@ -14,7 +14,7 @@ import threading
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 
@@ -143,9 +143,11 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if body.get("n", 1) != 1:
             raise ApiError(400, "invalid_request", "n (choices) must be 1: the service returns one selected response; "
                                                    "set the number of candidates with privalign.n")
-        if body.get("stream"):  # refused before anything is reserved: nothing is charged
-            raise ApiError(400, "invalid_request", "stream=true is not supported: the answer is selected among "
-                                                   "complete candidates; send the request without stream")
+        if "stream" in body and not isinstance(body["stream"], bool):
+            raise ApiError(400, "invalid_request", f"stream must be true or false, got {body['stream']!r}")
+        opts = body.get("stream_options")
+        if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
+            raise ApiError(400, "invalid_request", "stream_options must be {\"include_usage\": true|false}")
 
     async def answer(request: Request, body: dict, messages, tenant) -> dict:
         """Validate and answer in a worker thread; the access log learns who and what."""
@@ -157,6 +159,36 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         request.state.request_id, request.state.budget = p["request_id"], p["budget"]
         request.state.epsilon = repr(p["epsilon_charged"])
         return out
+
+    def stream_reply(out: dict, body: dict, kind: str) -> StreamingResponse:
+        """The selected answer in OpenAI's chunk format (``text/event-stream``). The answer is selected
+        among complete candidates and its charge is durably settled before the first byte, so a
+        failure is an ordinary JSON error and nothing can be charged twice; the text is sent in
+        pieces, the ``privalign`` block and ``usage`` (with ``stream_options.include_usage``) last."""
+        rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + out["privalign"]["request_id"]
+        obj = "chat.completion.chunk" if kind == "chat.completion" else "text_completion"
+        head = {"id": rid, "object": obj, "created": int(time.time()), "model": body.get("model") or svc.model_names[0]}
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def choice(text, finish=None, first=False):
+            if kind == "chat.completion":
+                delta = ({"role": "assistant", "content": text} if first else {"content": text}) if text is not None else {}
+                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+
+        def events():
+            text = out["text"]
+            pieces = [text[i:i + 16] for i in range(0, len(text), 16)] or [""]
+            for i, piece in enumerate(pieces):
+                yield f"data: {json.dumps({**head, 'choices': [choice(piece, first=i == 0)]})}\n\n"
+            last = {**head, "choices": [choice(None, out["finish_reason"])], "privalign": out["privalign"]}
+            yield f"data: {json.dumps(last)}\n\n"
+            if usage:
+                yield f"data: {json.dumps({**head, 'choices': [], 'usage': out['usage']})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
     def reply(out: dict, body: dict, kind: str, choice: dict) -> JSONResponse:
         return JSONResponse({"id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + out["privalign"]["request_id"],
@@ -171,6 +203,8 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         _, tenant = svc.caller(key_of(request))  # 401 before the body is read
         body = await body_of(request)
         out = await answer(request, body, body.get("messages"), tenant)
+        if body.get("stream"):
+            return stream_reply(out, body, "chat.completion")
         return reply(out, body, "chat.completion", {"message": {"role": "assistant", "content": out["text"]}})
 
     async def completions(request: Request):
@@ -180,6 +214,8 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if not isinstance(prompt, str):
             raise ApiError(400, "invalid_request", "prompt must be a string")
         out = await answer(request, body, [{"role": "user", "content": prompt}], tenant)
+        if body.get("stream"):
+            return stream_reply(out, body, "text_completion")
         return reply(out, body, "text_completion", {"text": out["text"]})
 
     app.add_route("/v1/chat/completions", chat, methods=["POST"])
