@@ -956,3 +956,24 @@ def test_streaming_with_the_stock_openai_client(stub_server):
     with pytest.raises(openai.BadRequestError):  # fails before the first byte: a JSON error, nothing charged
         list(client.chat.completions.create(model="stub", messages=[{"role": "user", "content": " "}], stream=True))
     assert call(stub_server.url, "/v1/budgets/acme-rm")[1]["queries"] == before + 2
+
+
+def test_models_are_loaded_before_the_service_answers_its_first_request(tmp_path):
+    """Issue 19: /healthz meant 'up' while the reward model still loaded on the first request; the
+    service now scores one dummy pair at start, before the port opens."""
+    from privalign.server.app import Service, StubGenerator, StubReward
+    from privalign.server.config import ServiceConfig
+
+    class Lazy(StubReward):
+        loaded = 0
+
+        def score(self, prompts, responses):
+            Lazy.loaded += 1  # a lazily loaded model would load here
+            return super().score(prompts, responses)
+
+    cfg = ServiceConfig.model_validate({"ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"},
+                                        "reward": {"kind": "stub", "output_range": [0, 1]}})
+    Service(cfg, generator=StubGenerator(), reward=Lazy()).close()
+    assert Lazy.loaded == 1
+    Service(cfg.model_copy(update={"warm_up": False}), generator=StubGenerator(), reward=Lazy()).close()
+    assert Lazy.loaded == 1

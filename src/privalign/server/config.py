@@ -171,6 +171,8 @@ class ClientConfig(_Section):
 class ServiceConfig(_Section):
     ledger: str = "privalign-ledger.db"
     access_log: bool = True                    # one line per request on stderr (logger privalign.access)
+    # score one dummy pair at start, so every model is loaded before the port opens (/healthz then means ready)
+    warm_up: bool = True
     # the model name requests must use (default: generator.model, "stub" for the stub backend) and aliases
     model_name: str | None = None
     model_aliases: list[str] = Field(default_factory=list)
