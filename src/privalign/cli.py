@@ -638,8 +638,10 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         _fail(f"invalid config {config}: {e}")
     keys = "from " + str(config) if config else "generated for this run (no config file): pass --config to fix them"
     console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
-                  f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}; "
-                  f"requests name the model {cfg.served_model_name!r}"
+                  f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}"
+                  + (" (short answers: raise [generator] max_new_tokens for longer ones); " if cfg.token_cap <= 16
+                     else "; ")
+                  + f"requests name the model {cfg.served_model_name!r}"
                   + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
                   f"  reward: {cfg.reward.kind} {cfg.reward.path or ''}\n"
                   f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
