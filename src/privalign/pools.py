@@ -58,9 +58,11 @@ class Pool:
     def grouped(self, reward: str | None = None) -> "GroupedPool":
         """Rows grouped by prompt (stable order): flat arrays plus offsets."""
         pid = self.columns["prompt_id"]
-        order = np.argsort(pid, kind="stable")
+        rank = _sorted_codes(pid)  # the order of np.argsort(pid, kind="stable"), on integers (fast)
+        order = np.argsort(rank, kind="stable")
         sorted_ids = pid[order]
-        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        r = rank[order]
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
         offsets = np.r_[starts, len(pid)]
         return GroupedPool(prompt_ids=sorted_ids[starts], offsets=offsets,
                            proxy=np.asarray(self.reward(reward), float)[order],
@@ -177,6 +179,21 @@ def _codes(values) -> np.ndarray:
         return np.asarray(pa.array(values).dictionary_encode().indices.to_numpy(zero_copy_only=False), np.int64)
     except (pa.ArrowInvalid, pa.ArrowTypeError):  # mixed types: compare their text
         return np.unique(np.asarray([str(v) for v in values]), return_inverse=True)[1].astype(np.int64)
+
+
+def _sorted_codes(values) -> np.ndarray:
+    """Integer codes that sort as the values do (equal values, equal codes): the rank of each row's
+    value among the distinct values, found through Arrow's dictionary encoding."""
+    import pyarrow as pa
+
+    try:
+        enc = pa.array(values).dictionary_encode()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return np.unique(np.asarray(values), return_inverse=True)[1].astype(np.int64)
+    uniq = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    rank = np.empty(uniq.size, np.int64)
+    rank[np.argsort(uniq, kind="stable")] = np.arange(uniq.size)
+    return rank[np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)]
 
 
 def _later_duplicates(prompt_id, sample_id) -> np.ndarray:
