@@ -191,7 +191,10 @@ class Service:
         self.range = (lo, hi)
         self.sensitivity = self.reward.sensitivity or (hi - lo)
         if cfg.warm_up:  # lazily loaded models (the embedder, policy-bt's base model) load now, before the port opens
-            score_checked(self.reward, ["warm-up"], ["warm-up"])
+            try:
+                self.reward.score(["warm-up"], ["warm-up"])
+            except Exception:  # a model that cannot score this dummy pair has still loaded; requests will tell
+                pass
         # backend calls in flight at once: what the config says, else what the generator declares it
         # takes (thread-safe ones: openai, stub, the batching wrapper), else 1 (embedded models, vLLM's
         # offline engine: not thread-safe). Requests admitted: those plus max_queue waiting; more are
