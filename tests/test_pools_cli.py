@@ -149,3 +149,16 @@ def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
     assert "Every private mechanism's lower bound stays at or below its claim" in page
     assert page.count('src="data:image/png;base64,') == 6
 
+
+
+def test_headline_says_when_bon_has_no_lift_to_keep_a_share_of():
+    """A pool where Best-of-N does not lift accuracy (mmlu-letters) has no PrivBoN share: the
+    headline says so instead of failing on the undefined share (JSON null)."""
+    from privalign.report.html import headline_sentences
+
+    h = {"n_ref": 16, "target_epsilon": 1.0,
+         "privbon_keeps": {"share": None, "privbon_lift": -0.4, "bon_lift": -0.2, "met": False}}
+    (line,) = headline_sentences(h)
+    assert "no lift" in line and "NOT MET" in line
+    h["privbon_keeps"] = {"share": 0.8, "privbon_lift": 4.0, "bon_lift": 5.0, "met": True}
+    assert "keeps 80% of BoN's lift" in headline_sentences(h)[0]

@@ -94,6 +94,7 @@ def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *
     meta = {"task": task.name, "split": split, "base_model": generator.name, "reward_models": ["logprob"],
             "default_reward": "logprob", "true_reward_source": "grader",
             "sampling": {"samples": samples, "temperature": temperature, "max_new_tokens": max_new, "seed": seed,
+                         **({"sampler": generator.sampler} if getattr(generator, "sampler", None) else {}),
                          "prompting": "chat template; " + ("few-shot" if problems and any(
                              m["role"] == "assistant" for m in task.messages(problems[0])) else "zero-shot")},
             **({"policy_features": features_path(out).name} if features else {})}

@@ -121,7 +121,11 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
         out.append(f"Best-of-N's lift at n = {n}: {num(b['points'])} points (95% CI {num(b['ci'][0])} to "
                    f"{num(b['ci'][1])}); the interval {'excludes' if b['excludes_zero'] else 'does not exclude'} 0.")
     k = h.get("privbon_keeps")
-    if k:
+    if k and (k.get("share") is None or not math.isfinite(k["share"])):  # BoN has no lift to keep a share of
+        out.append(f"Best-of-N has no lift at n = {n} ({num(k['bon_lift'])} points), so Gumbel PrivBoN's share of it "
+                   f"is not defined; PrivBoN's own lift at epsilon = {num(eps)} per query: {num(k['privbon_lift'])} "
+                   f"points; target 50% of BoN's lift: {verdict(False)}.")
+    elif k:
         out.append(f"Gumbel PrivBoN at epsilon = {num(eps)} per query keeps {num(100 * k['share'])}% of BoN's lift at "
                    f"n = {n} ({num(k['privbon_lift'])} of {num(k['bon_lift'])} points); target 50%: {verdict(k['met'])}.")
     q = h.get("privitp_vs_itp")
