@@ -16,6 +16,8 @@ from privalign.rewards.policy_bt import (
     FeatureMap,
     PolicyBTReward,
     check_sensitivity,
+    model_procedure,
+    retrain,
     preference_rows,
     split_train_prompts,
     train_policy_bt,
@@ -96,6 +98,24 @@ def test_the_choice_of_settings_never_reads_d():
             assert t.grid == base.grid and t.settings == base.settings
             sens = 4 / (t.m * t.lam) + 2 * 1e-9 / t.lam
             assert np.linalg.norm(t.w - base.w) <= sens
+
+
+def test_a_smaller_deployment_keeps_fewer_people_and_pays_in_sensitivity():
+    """``max_pairs`` (issue 20's reward models of several strengths): D is a seeded subset of m
+    people, the certificate is for that m, the rerun procedure reproduces it, and the selection on
+    validation prompts is unchanged in what it reads (only Delta_r, through m, enters its score)."""
+    pid, y, raw = synthetic_pool()
+    kw = dict(lambdas=(0.1, 1.0), components=(4,), seed=0, range_epsilon=0.0)
+    full, _ = train_policy_bt(raw, pid, y, **kw)
+    small, _ = train_policy_bt(raw, pid, y, max_pairs=40, **kw)
+    assert small.m == 40 < full.m
+    assert small.sensitivity == pytest.approx(4 / (40 * small.lam) + 2e-9 / small.lam)
+    assert small.sensitivity > full.sensitivity * full.m / 40 * full.lam / small.lam * 0.99
+    assert model_procedure(small)["max_pairs"] == 40
+    assert np.allclose(retrain(small, raw, pid, y).w, small.w)  # the recorded procedure reruns it
+    assert max(r["weight_change"] for r in check_sensitivity(small, raw, pid, y, trials=6, seed=1)) <= small.sensitivity
+    with pytest.raises(ValueError, match="max_pairs"):
+        train_policy_bt(raw, pid, y, max_pairs=0, **kw)
 
 
 def test_the_served_file_holds_no_d_derived_diagnostics(tmp_path):

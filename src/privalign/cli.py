@@ -248,6 +248,11 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
               audit: Optional[Path] = typer.Option(None, help="an audit.json of `privalign audit` on the pool's reward "
                                                               "model, shown in the report (default: the shipped "
                                                               "audit of the embedded pool's model)"),
+              large: bool = typer.Option(False, "--large", help="the large-n study instead: curves to n = 1,024 and "
+                                                                "the paper's claim for every certified reward model "
+                                                                "(--reward: a comma list); default pool: the task's "
+                                                                "shipped large pool"),
+              prompts: Optional[int] = typer.Option(None, min=2, help="--large: only the first N prompts (a slice)"),
               out: Path = typer.Option(..., help="results directory")):
     """Run the paper's experiments at fixed privacy levels and write a report.
 
@@ -259,6 +264,11 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
 
     if pool and task:
         _fail("give --pool or --task, not both")
+    if large:
+        return _reproduce_large(pool, task, reward, targets, replicates, seed, workers, executor, scheduler, prompts,
+                                out)
+    if prompts is not None:
+        _fail("--prompts applies to --large only")
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
@@ -297,6 +307,41 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     if audit_record is not None:
         _attach_audit(out, audit_record)
     _print_headline(out)
+
+
+def _reproduce_large(pool, task, reward, targets, replicates, seed, workers, executor, scheduler, prompts, out):
+    from .evaluation import EvalSettings
+    from .evaluation.large_n import claim_sentence
+    from .evaluation.suite import large_pool, run_large_n
+
+    try:
+        eps = float(targets.split(",")[0])
+        if not eps > 0:
+            raise ValueError
+    except ValueError:
+        _fail(f"--targets must start with a positive epsilon, got {targets!r}")
+    if pool:
+        p, label = _load(pool), pool
+    else:
+        try:
+            p, label = large_pool(task or "counting")
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+    names = [r.strip() for r in reward.split(",") if r.strip()] if reward else None
+    try:
+        settings = EvalSettings(replicates=replicates, seed=seed, workers=workers, executor=executor,
+                                scheduler=scheduler).check()
+        _check_executor(executor)
+        with _progress() as bar:
+            job = bar.add_task("large-n study", total=None)
+            run_large_n(out, p, label, rewards=names, settings=settings, epsilon=eps, prompts=prompts,
+                        progress=lambda name, done, total: bar.update(job, completed=done, total=total,
+                                                                      description=name))
+    except ValueError as e:
+        _fail(str(e))
+    body = json.loads((out / "large_n.json").read_text())
+    console.print("\n".join([f"wrote {out} (open {out}/report.html)",
+                              *(f"- {claim_sentence(sm)}" for sm in body["studies"])]), markup=False)
 
 
 def shipped_audit(task: Optional[str]) -> Optional[Path]:
@@ -444,6 +489,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
              components: str = typer.Option("8,16", help="policy: PCA sizes q to choose from"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
              pairs_per_person: int = typer.Option(1, help="k: pairs one person contributes"),
+             max_pairs: Optional[int] = typer.Option(None, help="policy: keep a seeded random M of D's pairs (a "
+                                                               "smaller deployment: fewer people)"),
              target_epsilon: float = typer.Option(1.0, help="policy: epsilon per query that the choice of "
                                                             "(q, lambda) optimises PrivBoN accuracy for"),
              range_epsilon: float = typer.Option(0.1, help="policy: one-time epsilon to release a tight output "
@@ -455,7 +502,7 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     """Train a certified Bradley-Terry reward model and print its certificate."""
     if features == "policy":
         return _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon,
-                                range_epsilon, seed, name or "policy-bt", out)
+                                range_epsilon, seed, name or "policy-bt", out, max_pairs)
     if features != "minilm":
         _fail(f"--features must be 'minilm' or 'policy', got {features!r}")
     from .rewards import EmbeddingBTReward
@@ -497,7 +544,7 @@ def _train_pool(pool: Optional[Path]):
 
 
 def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
-                     seed, name, out):
+                     seed, name, out, max_pairs=None):
     from rich.table import Table
 
     from .rewards.policy_bt import train_policy_bt
@@ -509,7 +556,7 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
                                       lambdas=lambdas, components=parse_int_list(components),
                                       pairs_per_prompt=pairs_per_prompt, pairs_per_person=pairs_per_person,
                                       target_epsilon=target_epsilon, range_epsilon=range_epsilon, seed=seed,
-                                      name=name)
+                                      name=name, max_pairs=max_pairs)
     except ValueError as e:
         _fail(str(e))
     meta, lo_hi = model.meta, model.output_range

@@ -217,6 +217,70 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     return Path(out)
 
 
+LARGE_POOLS = {"counting": "counting-large-smollm2.parquet", "arithmetic-mix": "arithmetic-mix-large-smollm2.parquet"}
+
+
+def large_pool(task: str = "counting") -> tuple[Pool, str]:
+    """A shipped large pool (1,024 samples per prompt, several certified reward models)."""
+    from importlib import resources
+
+    from ..pools import load_pool
+
+    if task not in LARGE_POOLS:
+        raise ValueError(f"no shipped large pool for task {task!r}; shipped: {sorted(LARGE_POOLS)}")
+    return load_pool(str(resources.files("privalign") / "data" / LARGE_POOLS[task])), f"embedded: {LARGE_POOLS[task]}"
+
+
+def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, settings: EvalSettings | None = None,
+                epsilon: float = 1.0, n_ref: int = 16, n_grid=None, beta_grid=X.BETA_GRID, delta: float = 1e-5,
+                prompts: int | None = None, progress: Progress | None = None) -> Path:
+    """``large_n.study`` for each certified reward model of ``pool`` (or ``rewards``): curves to
+    n = 1,024 and the paper's claim per reward model. ``prompts`` keeps the first that many prompts
+    (a quick slice). Writes summary.csv (every curve row, with its reward), heldout.csv,
+    large_n.json (the verdicts), one figure per reward model and report.html."""
+    from . import large_n as L
+
+    if prompts is not None:
+        ids = list(dict.fromkeys(np.asarray(pool.columns["prompt_id"], str).tolist()))[:prompts]
+        keep = np.isin(np.asarray(pool.columns["prompt_id"], str), ids)
+        pool = Pool({c: np.asarray(v)[keep] for c, v in pool.columns.items()}, pool.metadata)
+    names = list(rewards) if rewards else L.certified_rewards(pool)
+    if not names:
+        raise ValueError("the pool has no certified reward model (reward_model_info with a sensitivity); name one "
+                         "with --reward")
+    unknown = [r for r in names if r not in pool.reward_names]
+    if unknown:
+        raise ValueError(f"rewards {unknown} are not in the pool; it has {pool.reward_names}")
+    s = settings or EvalSettings()
+    studies = []
+    for i, name in enumerate(names):
+        studies.append(L.study(pool, name, s, epsilon=epsilon, n_ref=n_ref, n_grid=n_grid or L.LARGE_N,
+                               beta_grid=beta_grid, delta=delta))
+        if progress:
+            progress(f"reward model {name}", i + 1, len(names) + 1)
+    with atomic_directory(out) as tmp:
+        rows = [{"reward": st["reward"], **r} for st in studies for r in st["rows"]]
+        write_csv(tmp / "summary.csv", rows)
+        write_csv(tmp / "heldout.csv", [{"reward": st["reward"], **r} for st in studies for r in st["held_rows"]])
+        write_json(tmp / "large_n.json", {"epsilon": epsilon, "n_ref": n_ref,
+                                          "studies": [st["summary"] for st in studies]})
+        for st in studies:
+            sm = st["summary"]
+            figures.curves_ci(st["rows"], tmp, f"large_n_{st['reward']}",
+                              f"{st['reward']}: accuracy versus n at epsilon = {epsilon:g} per query",
+                              f"{sm['test_prompts']} test prompts, {s.replicates} replicates per prompt, 95% bootstrap "
+                              f"intervals over prompts; AUC {sm['auc']['auc']:.3f}, Delta_r {sm['sensitivity']:.3g}")
+        write_json(tmp / "settings.json", _settings_record(
+            s, pool, pool_path, None, pool.grouped(names[0]).n_prompts,
+            {"job": "reproduce-large", "evaluation": _untuned(s), "rewards": names, "epsilon": epsilon,
+             "n_ref": n_ref, "n_grid": list(n_grid or L.LARGE_N), "grids": {"beta": list(beta_grid)},
+             "delta": delta}))
+        render(tmp)
+        if progress:
+            progress("report", len(names) + 1, len(names) + 1)
+    return Path(out)
+
+
 TUNED = ("sigma", "beta", "sigma_x", "sigma_z", "truncation")
 
 

@@ -57,6 +57,8 @@ def render(results_dir: str | Path) -> Path:
     settings = json.loads((d / "settings.json").read_text()) if (d / "settings.json").exists() else {}
     if (d / "headline.json").exists():
         return _write(d, render_reproduce(d, settings))
+    if (d / "large_n.json").exists():
+        return _write(d, render_large_n(d, settings))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>privalign results</title>"
              f"<style>{CSS}</style></head><body><h1>privalign results</h1>"]
     pool = settings.get("pool", {})
@@ -306,4 +308,59 @@ def render_reproduce(d: Path, settings: dict) -> str:
             p.append(_details(title, _table(read_csv(d / name))))
     p.append(_details("Settings", "<pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre>"))
     p.append("</body></html>")
+    return "".join(p)
+
+
+def render_large_n(d: Path, settings: dict) -> str:
+    """The large-n report (``reproduce --large``): the claim per reward model on the first screen."""
+    from ..evaluation.large_n import claim_sentence
+
+    body = json.loads((d / "large_n.json").read_text())
+    meta = (settings.get("pool") or {}).get("metadata", {})
+    samp = meta.get("sampling", {})
+    p = [f"<!doctype html><html><head><meta charset='utf-8'><title>privalign: BoN and private selection to large n"
+         f"</title><style>{CSS}</style></head><body><h1>Does Best-of-N fall as n grows, and does private selection?"
+         f"</h1>"]
+    run = (f"privalign {html.escape(str(settings.get('privalign_version', '?')))}, "
+           f"{html.escape(str(settings.get('created', '?')))}"
+           + (f", <code>{html.escape(settings['command'])}</code>" if settings.get("command") else ""))
+    p.append(f"<p><i>{run}</i></p><h2>Verdicts, one per reward model</h2><ul>")
+    for sm in body["studies"]:
+        p.append(f"<li>{claim_sentence(sm, num=sig3)}</li>")
+    p.append("</ul>")
+    p.append(f"<p><b>What was run.</b> {html.escape(str(meta.get('base_model', '?')))} answered "
+             f"{(settings.get('pool') or {}).get('prompts', '?')} prompts of the "
+             f"<b>{html.escape(str(meta.get('task', '?')))}</b> task ({samp.get('samples', '?')} samples each, "
+             f"temperature {samp.get('temperature', '?')}). For each reward model the prompts are split into "
+             f"held-out and test halves: the privacy-constrained tuning, ITP's beta at each n and each method's peak "
+             f"n are chosen on the held-out half; every curve and drop is measured on the test half. Private methods "
+             f"run at epsilon = {sig3(body['epsilon'])} per query, re-calibrated at each n. A method falls when the "
+             f"95% paired bootstrap interval of its drop, from its held-out peak to the largest n, lies above 0.</p>")
+    cols = ["reward", "trained on", "m", "AUC (test)", "log-prob AUC", "Delta_r", "Delta_r / range",
+            "BoN peak n", "BoN drop (95% CI)", "claim"]
+    t = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"]
+    for sm in body["studies"]:
+        b = sm["bon"]
+        cells = [sm["reward"], sm.get("trained_on") or "?", sig3(sm.get("m")), sig3(sm["auc"]["auc"]),
+                 sig3(sm["auc"].get("logprob_auc")), sig3(sm.get("sensitivity")),
+                 sig3(sm.get("sensitivity_share_of_range")), str(b["peak_n"]),
+                 f"{sig3(b['drop_points'])} ({sig3(b['ci'][0])} to {sig3(b['ci'][1])})"]
+        t.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + f"<td>{_verdict(sm['claim_met'])}"
+                 "</td></tr>")
+    p.append("".join(t) + "</table>")
+    for sm in body["studies"]:
+        fig = d / f"large_n_{sm['reward']}.png"
+        p.append(f"<h2>{html.escape(sm['reward'])}</h2>")
+        if fig.exists():
+            p.append(_img(fig))
+        rows = [{"method": label, "held-out peak n": v["peak_n"], "test peak n": v["test_peak_n"],
+                 f"accuracy at n = {v['last_n']}": v["accuracy_at_last"], "drop (points)": v["drop_points"],
+                 "95% CI": f"{sig3(v['ci'][0])} to {sig3(v['ci'][1])}", "falls": v["falls"]}
+                for label, v in sm["verdicts"].items()]
+        p.append(_table(rows, list(rows[0])))
+        p.append(f"<p>ITP's beta chosen on held-out prompts at each n: "
+                 + ", ".join(f"n = {k}: {sig3(v)}" for k, v in sm["itp_beta_by_n"].items())
+                 + f" (at n_ref: {sig3(sm['itp_beta_at_n_ref'])}).</p>")
+    p.append(_details("Every curve point (summary.csv)", _table(read_csv(d / "summary.csv"), None)))
+    p.append("<h2>Settings</h2><pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre></body></html>")
     return "".join(p)

@@ -208,7 +208,7 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
 
 PROCEDURE_DEFAULTS = {"lambdas": (0.01, 0.03, 0.1, 0.3, 1.0), "components": (8, 16), "cs": (0.6, 0.8, 0.95),
                       "pairs_per_prompt": 16, "pairs_per_person": 1, "fit_fraction": 0.6, "select_fraction": 0.5,
-                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0}
+                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0, "max_pairs": None}
 
 
 @dataclass
@@ -245,14 +245,17 @@ def _check_procedure(proc: dict) -> dict:
         raise ValueError(f"lambdas must be positive, got {proc['lambdas']!r}")
     if proc["pairs_per_person"] < 1:
         raise ValueError(f"pairs_per_person must be >= 1, got {proc['pairs_per_person']!r}")
+    if proc["max_pairs"] is not None and proc["max_pairs"] < 1:
+        raise ValueError(f"max_pairs must be >= 1 or None, got {proc['max_pairs']!r}")
     return proc
 
 
 def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings) -> Trained:
     """The whole training procedure, selection included (``train_policy_bt`` builds the model from it).
 
-    1. The train prompts are split (seed) into fit prompts, whose preference pairs are D, and the
-       curator's validation prompts; the validation prompts are split again (seed + 1) into a
+    1. The train prompts are split (seed) into fit prompts, whose preference pairs are D (a seeded
+       random ``max_pairs`` of them when set: what a smaller deployment has), and the curator's
+       validation prompts; the validation prompts are split again (seed + 1) into a
        selection-fit half and a selection-score half.
     2. For every (q, c) the feature map is calibrated on the validation prompts; for every lambda a
        candidate head is trained on the selection-fit prompts' pairs and scored on the
@@ -275,6 +278,9 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     ci, ri = preference_rows(pid, y, fit_p, proc["pairs_per_prompt"], proc["seed"])
     if ci.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
+    if proc["max_pairs"] is not None and ci.size > proc["max_pairs"]:  # a smaller deployment: fewer people in D
+        keep = np.sort(np.random.default_rng([proc["seed"], 2]).choice(ci.size, proc["max_pairs"], replace=False))
+        ci, ri = ci[keep], ri[keep]
     si, sr = preference_rows(pid, y, sel_fit, proc["pairs_per_prompt"], proc["seed"])
     if si.size == 0:
         raise ValueError("no selection pair: no validation prompt of the selection-fit half has both a correct and "

@@ -1,0 +1,134 @@
+"""The paper's first claim on a large real pool (issue 20): as n grows, BoN rises and then falls
+(reward hacking) while PrivBoN and PrivITP keep rising. One study per certified reward model.
+
+For each reward model the pool's prompts are split once (seeded) into held-out and test prompts.
+
+* Tuning, on the held-out prompts only: the privacy-constrained choice that exists for
+  ``reproduce`` (``private.tune`` at n = ``n_ref``: PrivITP's beta and phase split within
+  epsilon per query; ITP's beta), and ITP's own best beta at every n.
+* Curves on the test prompts, n = 1 .. 1024: BoN, ITP at its n_ref beta and at its own best beta
+  per n, Gumbel and Gaussian PrivBoN and PrivITP at epsilon per query (re-calibrated at every n),
+  each with 95% bootstrap intervals over prompts.
+* Verdicts, never tuned on the test prompts: a method's peak n is chosen on the held-out prompts;
+  its drop from that n to the largest n is measured per test prompt, with a 95% paired bootstrap
+  interval. A method *falls* when that interval lies above 0; a private method is *monotone
+  within its intervals* when it does not fall. The paper's claim holds for a reward model when
+  BoN falls and neither Gumbel PrivBoN nor PrivITP does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from ..pools import Pool
+from . import experiments as X
+from . import private as P
+from .harness import EvalSettings
+
+LARGE_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ITP_BEST = "ITP (beta tuned at each n)"
+
+
+def certified_rewards(pool: Pool) -> list[str]:
+    """The pool's reward models with a certified sensitivity, in the order the pool lists them."""
+    info = pool.metadata.get("reward_model_info", {})
+    return [r for r in pool.reward_names if info.get(r, {}).get("sensitivity") is not None]
+
+
+def _drop(per_by_n: dict, peak_n: int, last_n: int, seed: int) -> dict:
+    d = 100.0 * (per_by_n[peak_n] - per_by_n[last_n])
+    lo, hi = P.bootstrap_ci(d, seed=seed)
+    return {"peak_n": int(peak_n), "last_n": int(last_n), "drop_points": float(d.mean()), "ci": [lo, hi],
+            "falls": bool(lo > 0)}
+
+
+def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon: float = 1.0, n_ref: int = 16,
+          n_grid=LARGE_N, beta_grid=X.BETA_GRID, delta: float = 1e-5) -> dict:
+    """One reward model's large-n study: {"reward", "rows" (curve rows), "held_rows", "summary"}."""
+    from .suite import declared_reward, test_auc
+
+    s = replace(declared_reward(pool, replace(base or EvalSettings(), reward=reward)), delta=delta).check()
+    grouped = pool.grouped(s.reward)
+    largest = int(np.diff(grouped.offsets).min())
+    grid = tuple(n for n in n_grid if n <= largest)
+    if len(grid) < 2:
+        raise ValueError(f"a large-n study needs at least two n in n_grid up to the pool's {largest} samples per "
+                         f"prompt, got {tuple(n_grid)!r}")
+    held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
+    held, test = grouped.subset(held_idx), grouped.subset(test_idx)
+    chosen, _ = P.tune(held, s, (epsilon,), n_ref, beta_grid)
+    methods = [("bon", None, P.LABELS["bon"]), ("itp", None, P.LABELS["itp"])]
+    methods += [(a, epsilon, f"{P.LABELS[a]} eps={epsilon:g}") for a in P.PRIVATE if a in chosen[epsilon]]
+    rows, held_rows, per = [], [], {}
+    for algo, eps, label in methods:
+        for n in grid:
+            st = P.method_settings(s, algo, eps, n, chosen)
+            for split, sub, out in (("test", test, rows), ("heldout", held, held_rows)):
+                _, acc, base_acc = P._accuracy(sub, st)
+                out.append(P._row(label, algo, eps if eps is not None else math.inf, n, acc, base_acc, st, s.seed))
+                per[(split, label, n)] = acc
+    # ITP at its own best beta at every n, chosen on the held-out prompts
+    itp_beta = {}
+    for n in grid:
+        best = None
+        for beta in beta_grid:
+            st = replace(s, algorithms=("itp",), n_grid=(n,), beta=beta)
+            acc_h = P._accuracy(held, st)[1]
+            if best is None or acc_h.mean() > best[0]:
+                best = (acc_h.mean(), beta, acc_h)
+        itp_beta[n] = best[1]
+        st = replace(s, algorithms=("itp",), n_grid=(n,), beta=best[1])
+        _, acc, base_acc = P._accuracy(test, st)
+        rows.append(P._row(ITP_BEST, "itp", math.inf, n, acc, base_acc, st, s.seed))
+        held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], base_acc, st, s.seed))
+        per[("test", ITP_BEST, n)], per[("heldout", ITP_BEST, n)] = acc, best[2]
+    last = grid[-1]
+    verdicts = {}
+    for label in dict.fromkeys(r["method"] for r in rows):
+        held_mean = {n: per[("heldout", label, n)].mean() for n in grid}
+        peak = max(grid, key=lambda n: (held_mean[n], -n))  # ties: the smaller n
+        test_by_n = {n: per[("test", label, n)] for n in grid}
+        test_peak = max(grid, key=lambda n: (test_by_n[n].mean(), -n))
+        verdicts[label] = {**_drop(test_by_n, peak, last, s.seed), "test_peak_n": int(test_peak),
+                           "accuracy_at_last": float(test_by_n[last].mean())}
+    bon = verdicts[P.LABELS["bon"]]
+    private = {label: v for label, v in verdicts.items() if label.startswith(("PrivBoN (Gumbel)", "PrivITP"))}
+    info = pool.metadata.get("reward_model_info", {}).get(s.reward, {})
+    lo, hi = info.get("output_range") or (math.nan, math.nan)
+    summary = {
+        "reward": s.reward, "epsilon": epsilon, "n_max": int(last), "held_prompts": int(len(held_idx)),
+        "test_prompts": int(len(test_idx)), "auc": test_auc(pool, s.reward, grouped.prompt_ids[test_idx]),
+        "sensitivity": info.get("sensitivity"), "sensitivity_share_of_range":
+            (info["sensitivity"] / (hi - lo)) if info.get("sensitivity") and hi > lo else None,
+        "m": (info.get("certificate") or {}).get("m"), "trained_on": (info.get("certificate") or {}).get("task"),
+        "bon": bon, "private": private, "verdicts": verdicts, "itp_beta_by_n": {str(k): v for k, v in itp_beta.items()},
+        "itp_beta_at_n_ref": chosen["itp"]["beta"], "chosen": {str(k): v for k, v in chosen.items()},
+        "private_monotone": {label: not v["falls"] for label, v in private.items()},
+        "claim_met": bool(bon["falls"] and private and not any(v["falls"] for v in private.values())),
+    }
+    return {"reward": s.reward, "rows": rows, "held_rows": held_rows, "summary": summary}
+
+
+def claim_sentence(sm: dict, num=lambda v: f"{v:.3g}") -> str:
+    """One reward model's verdict in words (the report's first screen and the CLI)."""
+    b = sm["bon"]
+    auc = sm["auc"]["auc"]
+    parts = [f"{sm['reward']} (within-prompt AUC {num(auc)}, Delta_r {num(sm['sensitivity'])}"
+             + (f", m = {sm['m']:,}" if sm.get("m") else "") + "): "]
+    if b["falls"]:
+        parts.append(f"BoN peaks at n = {b['peak_n']} (chosen on held-out prompts) and falls "
+                     f"{num(b['drop_points'])} points by n = {b['last_n']} (95% CI {num(b['ci'][0])} to "
+                     f"{num(b['ci'][1])}); ")
+    else:
+        parts.append(f"BoN does not fall: from its held-out peak n = {b['peak_n']} to n = {b['last_n']} it changes by "
+                     f"{num(0.0 - b['drop_points'])} points (95% CI of the drop {num(b['ci'][0])} to {num(b['ci'][1])}); ")
+    mono = [f"{label} {'keeps rising within its intervals' if not v['falls'] else 'falls'} "
+            f"(drop {num(v['drop_points'])}, CI {num(v['ci'][0])} to {num(v['ci'][1])})"
+            for label, v in sm["private"].items()]
+    parts.append("; ".join(mono) + ". ")
+    parts.append("The paper's claim (BoN falls, the private methods do not): "
+                 + ("met." if sm["claim_met"] else "not met."))
+    return "".join(parts)

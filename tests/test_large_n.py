@@ -1,0 +1,94 @@
+"""The large-n study (issue 20): curves to large n per certified reward model, BoN's fall measured
+from a peak chosen on held-out prompts, and the paper's claim in words."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from privalign.cli import app
+from privalign.evaluation import EvalSettings
+from privalign.evaluation.large_n import claim_sentence, study
+from privalign.evaluation.suite import LARGE_POOLS, run_large_n
+from privalign.pools import Pool
+
+
+def hacked_pool(prompts=40, samples=256, hack=0.02, seed=0):
+    """Correct answers score higher, except a few wrong answers the reward model loves (a hack)."""
+    rng = np.random.default_rng(seed)
+    pid = np.repeat([f"p{i}" for i in range(prompts)], samples)
+    acc = rng.uniform(0.2, 0.6, prompts).repeat(samples)
+    y = (rng.random(pid.size) < acc).astype(float)
+    r = 0.35 + 0.25 * y + 0.08 * rng.standard_normal(pid.size)
+    hacked = rng.random(pid.size) < hack
+    y[hacked] = 0.0
+    r[hacked] = 0.95 + 0.02 * rng.random(hacked.sum())
+    r = np.clip(r, 0, 1)
+    cols = {"prompt_id": pid.astype(object), "sample_id": np.tile(np.arange(samples), prompts), "true_reward": y,
+            "reward:sharp": r, "reward:blurred": r}
+    info = {"sharp": {"output_range": [0.0, 1.0], "sensitivity": 1e-3, "certificate": {"m": 4000, "task": "t"}},
+            "blurred": {"output_range": [0.0, 1.0], "sensitivity": 0.3, "certificate": {"m": 10, "task": "t"}}}
+    return Pool(cols, {"task": "synthetic", "reward_model_info": info, "sampling": {"samples": samples}}).validate()
+
+
+@pytest.fixture(scope="module")
+def hacked():
+    return hacked_pool()
+
+
+def test_bon_falls_on_a_hacked_reward_and_the_study_says_so(hacked):
+    s = EvalSettings(replicates=20)
+    res = study(hacked, "sharp", s, n_grid=(1, 4, 16, 64, 256))
+    sm = res["summary"]
+    bon = sm["bon"]
+    # BoN rises first (the reward is right for most samples), then finds the hacks
+    acc = {r["n"]: r["accuracy"] for r in res["rows"] if r["method"] == "BoN"}
+    assert acc[16] > acc[1] + 0.1 and acc[256] < acc[16] - 0.2
+    assert bon["falls"] and bon["peak_n"] in (4, 16, 64) and bon["ci"][0] > 0 and bon["last_n"] == 256
+    # with Delta_r 1e-3 of the range, Gumbel PrivBoN at epsilon 1 is nearly BoN: it falls too
+    gum = sm["private"]["PrivBoN (Gumbel) eps=1"]
+    assert gum["falls"] and not sm["claim_met"]
+    assert "falls" in claim_sentence(sm) and "not met" in claim_sentence(sm)
+    # ITP is also shown at its own best beta at every n, chosen on held-out prompts
+    assert set(sm["itp_beta_by_n"]) == {"1", "4", "16", "64", "256"}
+    assert {r["method"] for r in res["rows"]} >= {"BoN", "ITP", "ITP (beta tuned at each n)",
+                                                  "PrivBoN (Gaussian) eps=1", "PrivITP eps=1"}
+
+
+def test_a_noisier_certificate_keeps_private_selection_rising(hacked):
+    """Delta_r = 0.3 of the range: the Gumbel temperature 0.6 stops PrivBoN from chasing the hacks."""
+    sm = study(hacked, "blurred", EvalSettings(replicates=20), n_grid=(1, 4, 16, 64, 256))["summary"]
+    assert sm["bon"]["falls"]
+    assert not sm["private"]["PrivBoN (Gumbel) eps=1"]["falls"]
+    assert sm["claim_met"] == (not any(v["falls"] for v in sm["private"].values()))
+
+
+def test_run_large_n_writes_the_verdicts_figures_and_report(tmp_path, hacked):
+    out = run_large_n(tmp_path / "r", hacked, "synthetic", settings=EvalSettings(replicates=10),
+                      n_grid=(1, 8, 64, 256), prompts=20)
+    body = json.loads((out / "large_n.json").read_text())
+    assert [s["reward"] for s in body["studies"]] == ["sharp", "blurred"]
+    assert all(s["test_prompts"] + s["held_prompts"] == 20 for s in body["studies"])
+    for name in ("sharp", "blurred"):
+        assert (out / f"large_n_{name}.png").exists()
+    html = (out / "report.html").read_text()
+    first = html[:html.index("<h2>sharp</h2>")]
+    assert "The paper's claim" in first and "BoN peaks at n" in first  # the verdict on the first screen
+    with pytest.raises(ValueError, match="not in the pool"):
+        run_large_n(tmp_path / "x", hacked, rewards=["nope"], settings=EvalSettings(replicates=2))
+
+
+def test_reproduce_large_on_a_slice_of_the_shipped_large_pool(tmp_path):
+    """The real large-pool path on a slice (12 prompts) of the shipped counting pool."""
+    from importlib import resources
+
+    if not (resources.files("privalign") / "data" / LARGE_POOLS["counting"]).is_file():
+        pytest.fail("the shipped large counting pool is missing (make pools-large)")
+    r = CliRunner().invoke(app, ["reproduce", "--large", "--task", "counting", "--prompts", "12", "--replicates", "4",
+                                 "--out", str(tmp_path / "large")])
+    assert r.exit_code == 0, r.output
+    body = json.loads((tmp_path / "large" / "large_n.json").read_text())
+    assert body["studies"] and all(s["n_max"] == 1024 for s in body["studies"])
+    assert "policy-bt" in [s["reward"] for s in body["studies"]]
+    assert "The paper's claim" in r.output
