@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all bench pools models clean
+.PHONY: demo test test-all bench pools models pools-large clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -70,4 +70,27 @@ models: $(STAMP)
 	for t in arithmetic-mix counting; do \
 	  $(BIN)/privalign audit --model $(DATA)/$$t-policy-bt.json --pool $(POOLS)/$$t-train.parquet --runs 200000 --seed 0 --out $(POOLS)/$$t-audit && \
 	  cp $(POOLS)/$$t-audit/audit.json $(DATA)/$$t-audit.json || exit 1; \
+	done
+
+# The large pools of issue 20 (docs/experiments.md, "Large pools"): 1,024 samples for each of the 300
+# test prompts of counting and arithmetic-mix with the shared-prefix sampler (about 30 min each on 2
+# cores), scored by five certified heads: the shipped policy-bt, heads on m = 1,000 / 300 / 100 of
+# D's people, and the head trained on the other family's preference data. The features (1.4 GB per
+# pool) and the extra heads stay in results/pools/; the scored pools are shipped.
+pools-large: $(STAMP)
+	mkdir -p $(POOLS)
+	for t in counting arithmetic-mix; do \
+	  [ -f $(POOLS)/$$t-train.parquet ] || $(BIN)/privalign generate --task $$t --split train --samples 32 --seed 1 --features --out $(POOLS)/$$t-train.parquet || exit 1; \
+	  [ -f $(POOLS)/$$t-large.parquet ] || $(BIN)/privalign generate --task $$t --split test --samples 1024 --seed 2 --features --sampler shared --out $(POOLS)/$$t-large.parquet || exit 1; \
+	done
+	for t in counting arithmetic-mix; do \
+	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
+	  for m in 1000 300 100; do \
+	    $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --max-pairs $$m --name policy-bt-m$$m --out $(POOLS)/$$t-policy-bt-m$$m.json || exit 1; \
+	  done; \
+	  $(BIN)/privalign rm train --task $$o --features policy --pool $(POOLS)/$$o-train.parquet --name policy-bt-from-$$o --out $(POOLS)/$$t-policy-bt-from-$$o.json && \
+	  $(BIN)/privalign score $(POOLS)/$$t-large.parquet --reward policy-bt:$(POOLS)/$$t-policy-bt-m1000.json \
+	    --reward policy-bt:$(POOLS)/$$t-policy-bt-m300.json --reward policy-bt:$(POOLS)/$$t-policy-bt-m100.json \
+	    --reward policy-bt:$(POOLS)/$$t-policy-bt-from-$$o.json --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
+	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-large.parquet $(DATA)/$$t-large-smollm2.parquet || exit 1; \
 	done

@@ -958,6 +958,24 @@ def test_streaming_with_the_stock_openai_client(stub_server):
     assert call(stub_server.url, "/v1/budgets/acme-rm")[1]["queries"] == before + 2
 
 
+def test_streaming_and_invoke_with_langchain_openai(stub_server):
+    """Issue 19: a LangChain chat model pointed at the service: ``.invoke`` and ``.stream`` both
+    get the private answer, each charged once and settled."""
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=stub_server.url + "/v1", api_key=CLIENT, model="stub", max_retries=0,
+                     extra_body={"privalign": {"mechanism": "privbon", "n": 4}}, stream_usage=True)
+    before = call(stub_server.url, "/v1/budgets/acme-rm")[1]["queries"]
+    whole = llm.invoke("What is 2 + 2?")
+    assert whole.content.startswith("candidate ")
+    parts = list(llm.stream("What is 2 + 2?"))
+    assert "".join(p.content for p in parts).startswith("candidate ") and len(parts) >= 2
+    usage = [p.usage_metadata for p in parts if p.usage_metadata]
+    assert usage and usage[-1]["output_tokens"] == 4 * 3  # every candidate's tokens, as billed
+    state = call(stub_server.url, "/v1/budgets/acme-rm")[1]
+    assert state["queries"] == before + 2 and state["open_reservations"] == 0
+
+
 def test_models_are_loaded_before_the_service_answers_its_first_request(tmp_path):
     """Issue 19: /healthz meant 'up' while the reward model still loaded on the first request; the
     service now scores one dummy pair at start, before the port opens."""

@@ -245,6 +245,9 @@ def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, se
         keep = np.isin(np.asarray(pool.columns["prompt_id"], str), ids)
         pool = Pool({c: np.asarray(v)[keep] for c, v in pool.columns.items()}, pool.metadata)
     names = list(rewards) if rewards else L.certified_rewards(pool)
+    default = pool.metadata.get("default_reward")
+    if not rewards and default in names:  # the served model first, then the others as the pool lists them
+        names = [default] + [n for n in names if n != default]
     if not names:
         raise ValueError("the pool has no certified reward model (reward_model_info with a sensitivity); name one "
                          "with --reward")
