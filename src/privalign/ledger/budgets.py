@@ -1,46 +1,17 @@
-"""A durable privacy ledger: the privacy filter's rule inside database transactions.
-
-Every budget guards one reward model / private data set. Charging has two steps:
-
-1. ``reserve``: before generation, in one transaction, admit the query's worst case
-   (epsilon_max, delta) under the filter rule (``accounting.filter.admits``), or refuse.
-2. ``settle``: after selection, in one transaction, charge the realised cost
-   (``accounting.filter.charge_amount``: ex-post under FSRC, the worst case under basic
-   composition; ``charge_rho``: the query's rho under zCDP) and release the rest of the
-   reservation.
-
-Each reservation records the query's privacy event (mechanism, parameters as JSON, epsilon_max,
-delta, rho) and each settlement the realised epsilon, so a budget can be re-accounted under another
-composition (``account``, ``privalign ledger account``). A zcdp budget admits by rho against its
-rho_total (the largest rho whose conversion fits its (epsilon_total, delta_total)).
-
-The record is append-only: one ``events`` row per reservation, settlement or recovery, never
-updated or deleted. Per-budget counters are updated in the same transactions, so admission does
-not scan the history; ``check`` recomputes them from the events. ``recover`` (run at start-up)
-settles every reservation whose request died at its worst case: it is never refunded, since the
-candidates may have been observed.
-
-Back ends share schema and logic: SQLite (a path; WAL mode, ``synchronous=FULL``, ``BEGIN
-IMMEDIATE``, safe across threads and processes on one machine) and PostgreSQL (a
-``postgresql://`` URL; ``SELECT ... FOR UPDATE`` row locks, for several replicas on several
-machines).
-"""
+"""The ledger's rule: budgets, reservations and settlements under the privacy filter, each one
+transaction of the store (``ledger.store``). The package docstring (``privalign.ledger``) describes
+the two-step charge, the append-only record and recovery."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import socket
-import sqlite3
-import threading
 import time
 import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
 
-from .accounting.events import PrivacyEvent, account
-from .accounting.filter import (
+from ..accounting.events import PrivacyEvent, account
+from ..accounting.filter import (
     COMPOSITIONS,
     Privacy,
     admits,
@@ -50,132 +21,9 @@ from .accounting.filter import (
     charge_rho,
     query_rho,
 )
-from .accounting.zcdp import check_rho, pure_dp_rho, zcdp_epsilon
-
-SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS budgets (
-        name TEXT PRIMARY KEY, tenant TEXT, epsilon_total DOUBLE PRECISION NOT NULL,
-        delta_total DOUBLE PRECISION NOT NULL, composition TEXT NOT NULL,
-        spent_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, spent_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
-        reserved_epsilon DOUBLE PRECISION NOT NULL DEFAULT 0, reserved_delta DOUBLE PRECISION NOT NULL DEFAULT 0,
-        queries BIGINT NOT NULL DEFAULT 0, refusals BIGINT NOT NULL DEFAULT 0, open BIGINT NOT NULL DEFAULT 0,
-        rho_total DOUBLE PRECISION, spent_rho DOUBLE PRECISION NOT NULL DEFAULT 0,
-        reserved_rho DOUBLE PRECISION NOT NULL DEFAULT 0)""",
-    """CREATE TABLE IF NOT EXISTS events (
-        id {serial}, budget TEXT NOT NULL, kind TEXT NOT NULL, reservation BIGINT, request_id TEXT, owner TEXT,
-        epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
-        epsilon_max DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
-        rho DOUBLE PRECISION, mechanism TEXT, params TEXT, realised DOUBLE PRECISION)""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS events_one_settlement ON events (reservation)",
-    "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat DOUBLE PRECISION NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS events_budget ON events (budget, kind)",
-]
-
-# columns added after the first release: (table, column, type); ``Ledger`` adds any that an existing
-# database lacks (rows written before them have rho, mechanism, params and realised NULL)
-MIGRATIONS = [
-    ("budgets", "rho_total", "DOUBLE PRECISION"),
-    ("budgets", "spent_rho", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
-    ("budgets", "reserved_rho", "DOUBLE PRECISION NOT NULL DEFAULT 0"),
-    ("events", "rho", "DOUBLE PRECISION"),
-    ("events", "mechanism", "TEXT"),
-    ("events", "params", "TEXT"),
-    ("events", "realised", "DOUBLE PRECISION"),
-]
-
-
-_NO_LOCK = contextlib.nullcontext()
-
-
-class _Op:
-    """One operation waiting for the group commit."""
-
-    __slots__ = ("done", "durable", "error", "op", "result")
-
-    def __init__(self, op, durable: bool):
-        self.op, self.durable, self.done, self.result, self.error = op, durable, False, None, None
-
-
-class BudgetExhausted(Exception):
-    def __init__(self, name: str, epsilon_max: float, delta: float, remaining: Privacy, rho: float | None = None,
-                 remaining_rho: float | None = None):
-        self.name, self.epsilon_max, self.delta, self.remaining = name, epsilon_max, delta, remaining
-        self.rho, self.remaining_rho = rho, remaining_rho
-        if rho is not None:
-            msg = (f"budget {name!r} cannot cover this query's rho={rho:.6g} (zcdp, epsilon_max={epsilon_max:.6g}); "
-                   f"remaining rho={remaining_rho:.6g}")
-        else:
-            msg = (f"budget {name!r} cannot cover this query's worst case (epsilon_max={epsilon_max:.6g}, "
-                   f"delta={delta:.3g}); remaining epsilon={remaining.epsilon:.6g}, delta={remaining.delta:.3g}")
-        super().__init__(msg)
-
-
-class UnknownBudget(KeyError):
-    pass
-
-
-@dataclass(frozen=True)
-class BudgetState:
-    name: str
-    tenant: str | None
-    total: Privacy
-    composition: str
-    spent: Privacy
-    reserved: Privacy
-    queries: int
-    refusals: int
-    open: int
-    rho_total: float | None = None
-    spent_rho: float = 0.0
-    reserved_rho: float = 0.0
-
-    @property
-    def zcdp(self) -> bool:
-        return self.composition == "zcdp"
-
-    def _converted(self, rho: float) -> Privacy:
-        return Privacy(zcdp_epsilon(rho, self.total.delta), self.total.delta) if rho > 0 else Privacy(0.0, 0.0)
-
-    @property
-    def spent_privacy(self) -> Privacy:
-        """The (epsilon, delta) spent: the sum of charges, or under zcdp the conversion of rho spent."""
-        return self._converted(self.spent_rho) if self.zcdp else self.spent
-
-    @property
-    def remaining_rho(self) -> float | None:
-        return max(self.rho_total - self.spent_rho - self.reserved_rho, 0.0) if self.zcdp else None
-
-    @property
-    def remaining(self) -> Privacy:
-        if self.zcdp:
-            used = self._converted(self.spent_rho + self.reserved_rho)
-            return Privacy(max(self.total.epsilon - used.epsilon, 0.0),
-                           self.total.delta if self.remaining_rho > 0 else 0.0)
-        return Privacy(max(self.total.epsilon - self.spent.epsilon - self.reserved.epsilon, 0.0),
-                       max(self.total.delta - self.spent.delta - self.reserved.delta, 0.0))
-
-    def as_dict(self) -> dict:
-        spent = self.spent_privacy
-        out = {"name": self.name, "tenant": self.tenant, "composition": self.composition,
-               "epsilon_total": self.total.epsilon, "delta_total": self.total.delta,
-               "epsilon_spent": spent.epsilon, "delta_spent": spent.delta,
-               "epsilon_reserved": self.reserved.epsilon, "delta_reserved": self.reserved.delta,
-               "epsilon_remaining": self.remaining.epsilon, "delta_remaining": self.remaining.delta,
-               "queries": self.queries, "refusals": self.refusals, "open_reservations": self.open}
-        if self.zcdp:
-            out.update(rho_total=self.rho_total, rho_spent=self.spent_rho, rho_reserved=self.reserved_rho,
-                       rho_remaining=self.remaining_rho)
-        return out
-
-
-_COLS = ("name, tenant, epsilon_total, delta_total, composition, spent_epsilon, spent_delta, reserved_epsilon, "
-         "reserved_delta, queries, refusals, open, rho_total, spent_rho, reserved_rho")
-
-
-def _state(row) -> BudgetState:
-    return BudgetState(row[0], row[1], Privacy(row[2], row[3]), row[4], Privacy(row[5], row[6]),
-                       Privacy(row[7], row[8]), int(row[9]), int(row[10]), int(row[11]),
-                       None if row[12] is None else float(row[12]), float(row[13]), float(row[14]))
+from ..accounting.zcdp import check_rho, pure_dp_rho
+from .state import _COLS, BudgetExhausted, BudgetState, UnknownBudget, _state
+from .store import Store
 
 
 def _provably_dead(owner: str | None) -> bool:
@@ -194,175 +42,15 @@ def _provably_dead(owner: str | None) -> bool:
     return False
 
 
-class Ledger:
+class Ledger(Store):
     """Open with a SQLite path or a ``postgresql://`` URL."""
 
     def __init__(self, url: str, synchronous: str = "FULL", lease: float = 30.0):
         """``lease``: seconds after its last heartbeat when a process counts as dead, so that its open
         reservations may be recovered (settled at their worst case) by another process."""
-        self.url = str(url)
         self.lease = lease
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.postgres = self.url.startswith(("postgresql://", "postgres://"))
-        self.p = "%s" if self.postgres else "?"
-        self._local = threading.local()
-        self._write_lock = threading.Lock()
-        self._batch: list[_Op] = []  # SQLite group commit (``_run``)
-        self._batch_cond = threading.Condition()
-        self._combining = False
-        self.synchronous = synchronous
-        with self._tx() as cur:
-            if self.postgres:
-                # replicas starting together on an empty database: CREATE TABLE IF NOT EXISTS is not safe
-                # against itself in PostgreSQL (unique violation in pg_type), so take a transaction-level
-                # advisory lock first; it is released at commit
-                cur.execute("SELECT pg_advisory_xact_lock(7351902214)")
-            for stmt in SCHEMA:
-                cur.execute(stmt.format(serial="BIGSERIAL PRIMARY KEY" if self.postgres
-                                        else "INTEGER PRIMARY KEY AUTOINCREMENT"))
-            self._migrate(cur)
-
-    def _migrate(self, cur) -> None:
-        """Add the columns of ``MIGRATIONS`` that an existing database lacks (in the same transaction)."""
-        # ALTER TABLE only where a column is missing: on PostgreSQL it takes an exclusive lock even when
-        # the column exists, which would deadlock with replicas already serving
-        for table, column, kind in MIGRATIONS:
-            if self.postgres:
-                cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema() "
-                            "AND table_name = %s AND column_name = %s", (table, column))
-                if cur.fetchone() is None:
-                    cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
-            else:
-                cur.execute(f"PRAGMA table_info({table})")
-                if column not in {r[1] for r in cur.fetchall()}:
-                    cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-
-    # ------------------------------------------------------------------ connections and transactions
-    def _conn(self):
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self.postgres:
-                import psycopg
-
-                conn = psycopg.connect(self.url, autocommit=True)
-            else:
-                conn = sqlite3.connect(self.url, timeout=60.0, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute(f"PRAGMA synchronous={self.synchronous}")
-                conn.execute("PRAGMA busy_timeout=60000")
-                self._local.sync_mode = self.synchronous
-            self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _tx(self, durable: bool = True):
-        """One transaction. ``durable=False`` commits without waiting for the disk; it is used only
-        for reservations: the settlement that must precede any answer commits durably, and that
-        flush also persists every earlier commit (SQLite's WAL and PostgreSQL's WAL are sequential).
-        A reservation lost to a power failure therefore belongs to a request that was never answered;
-        a killed process loses nothing, since committed data is in the OS's page cache."""
-        conn = self._conn()
-        cur = conn.cursor()
-        if not self.postgres:
-            mode = self.synchronous if durable else "NORMAL"
-            if getattr(self._local, "sync_mode", None) != mode:  # a PRAGMA only when the mode changes
-                cur.execute(f"PRAGMA synchronous={mode}")
-                self._local.sync_mode = mode
-        # SQLite admits one writer at a time and makes waiters sleep in growing steps (up to 100 ms);
-        # threads of this process queue on a mutex instead, so only other processes use the busy wait.
-        lock = self._write_lock if not self.postgres else _NO_LOCK
-        with lock:
-            try:
-                cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
-                if self.postgres and not durable:
-                    cur.execute("SET LOCAL synchronous_commit = off")
-                yield cur
-                cur.execute("COMMIT")
-            except BaseException:
-                # BEGIN, the body or COMMIT itself failed (a full disk, an I/O error, a dropped
-                # connection): leave no transaction open, or every later one on this connection fails
-                # and other processes wait on its lock
-                self._reset(conn)
-                raise
-
-    def _reset(self, conn) -> None:
-        """Roll back whatever transaction ``conn`` has open; if even that fails, close it, so that the
-        next operation of this thread opens a fresh connection."""
-        if not self.postgres and not getattr(conn, "in_transaction", True):
-            return  # nothing open (BEGIN itself failed)
-        try:
-            conn.cursor().execute("ROLLBACK")
-            return
-        except Exception:
-            pass
-        try:
-            conn.close()
-        except Exception:
-            pass
-        self._local.conn = None  # _tx runs on this thread's connection: the next operation opens a new one
-
-    def _run(self, op, durable: bool = True):
-        """``op(cur)`` in a transaction; returns its result or raises its exception.
-
-        SQLite: group commit. Threads that arrive while a transaction is being written queue their
-        operations; the next of them to run takes every queued operation and runs them all, in
-        order, in one transaction (each in its own savepoint, so one that raises is undone alone),
-        with one commit and, if any of them is durable, one fsync. Nobody gets a result before the
-        commit returns, and if the commit fails every operation of the batch fails: a result is
-        never reported for an operation that was not committed. Without it, concurrent requests'
-        reserve and settle transactions pass the write lock from thread to thread one at a time,
-        each paying its own commit and waking its own thread (docs/benchmarks.md, issue 11).
-        PostgreSQL: one transaction per operation (its row locks already let replicas interleave).
-        """
-        if self.postgres:
-            with self._tx(durable) as cur:
-                return op(cur)
-        item = _Op(op, durable)
-        with self._batch_cond:
-            self._batch.append(item)
-            while not item.done and self._combining:
-                self._batch_cond.wait()
-            if not item.done:
-                self._combining = True
-                batch, self._batch = self._batch, []
-        if not item.done:
-            try:
-                self._run_batch(batch)
-            finally:
-                with self._batch_cond:
-                    self._combining = False
-                    self._batch_cond.notify_all()
-        if item.error is not None:
-            raise item.error
-        return item.result
-
-    def _run_batch(self, batch: list[_Op]) -> None:
-        """Run queued operations in one SQLite transaction (see ``_run``)."""
-        try:
-            with self._tx(durable=any(o.durable for o in batch)) as cur:
-                if len(batch) == 1:
-                    batch[0].result = batch[0].op(cur)  # an exception rolls the transaction back and reaches it
-                else:
-                    for o in batch:
-                        cur.execute("SAVEPOINT op")
-                        try:
-                            o.result = o.op(cur)
-                        except Exception as e:  # this operation alone is undone; the others go on
-                            cur.execute("ROLLBACK TO op")
-                            o.result, o.error = None, e
-                        cur.execute("RELEASE op")
-        except BaseException as e:  # BEGIN or COMMIT failed (or an exception in a lone operation)
-            for o in batch:
-                if o.error is None:
-                    o.result, o.error = None, e
-            if not isinstance(e, Exception):
-                raise
-        finally:
-            for o in batch:
-                o.done = True
-
-    def _q(self, sql: str) -> str:
-        return sql.replace("?", self.p)
+        super().__init__(url, synchronous)
 
     def _lock(self, cur, name: str):
         cur.execute(self._q(f"SELECT {_COLS} FROM budgets WHERE name = ?" + (" FOR UPDATE" if self.postgres else "")),
@@ -371,12 +59,6 @@ class Ledger:
         if row is None:
             raise UnknownBudget(name)
         return _state(row)
-
-    def close(self):
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
 
     # ------------------------------------------------------------------ budgets
     def set_budget(self, name: str, epsilon_total: float, delta_total: float = 0.0, composition: str = "fsrc",
