@@ -64,6 +64,14 @@ def test_version_and_help_fit_80_columns():
         assert "…" not in res.output, (cmd, res.output)  # nothing cut off
 
 
+def test_help_paragraphs_wrap_at_the_terminal_not_mid_sentence():
+    """Issue 19: a command's description keeps no line break of its source docstring."""
+    res = runner.invoke(app, ["reproduce", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert "curves with 95% intervals, privacy-utility, ITP vs PrivITP" in res.output
+    res = runner.invoke(app, ["reproduce", "--help"], terminal_width=60, env={"COLUMNS": "60"})
+    assert max(len(line) for line in res.output.splitlines()) <= 60
+
+
 def test_routine_mistakes_are_one_line_errors(tmp_path):
     pool = tmp_path / "p.parquet"
     simulate("gaussian", 4, 20, seed=0).save(pool)

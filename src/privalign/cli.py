@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import sys
@@ -886,6 +887,35 @@ def pool_validate(pool: Path):
             console.print(f"  - {line}")
         raise typer.Exit(1)
     console.print(f"{pool}: valid ({p.n_rows} responses, {len(p.reward_names)} reward column(s))")
+
+
+def unwrap_help(text: str | None) -> str | None:
+    """A docstring as help text: each paragraph on one line, so the terminal wraps it at its own
+    width (typer keeps the source's line breaks after the first paragraph); bullet lines stay."""
+    if not text:
+        return text
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines = para.split("\n")
+        merged: list[str] = []
+        for line in lines:
+            if merged and not line.lstrip().startswith(("- ", "* ")):
+                merged[-1] += " " + line.strip()
+            else:
+                merged.append(line.strip())
+        out.append("\n".join(merged))
+    return "\n\n".join(out)
+
+
+def _unwrap_all(t: typer.Typer) -> None:
+    for cmd in t.registered_commands:
+        if cmd.help is None and cmd.callback is not None:
+            cmd.help = unwrap_help(cmd.callback.__doc__)
+    for group in t.registered_groups:
+        _unwrap_all(group.typer_instance)
+
+
+_unwrap_all(app)
 
 
 def main() -> None:
