@@ -86,9 +86,11 @@ def test_reproduce_large_on_a_slice_of_the_shipped_large_pool(tmp_path):
     if not (resources.files("privalign") / "data" / LARGE_POOLS["counting"]).is_file():
         pytest.fail("the shipped large counting pool is missing (make pools-large)")
     r = CliRunner().invoke(app, ["reproduce", "--large", "--task", "counting", "--prompts", "12", "--replicates", "4",
-                                 "--out", str(tmp_path / "large")])
+                                 "--reward", "policy-bt,policy-bt-m100", "--out", str(tmp_path / "large")])
     assert r.exit_code == 0, r.output
     body = json.loads((tmp_path / "large" / "large_n.json").read_text())
-    assert body["studies"] and all(s["n_max"] == 1024 for s in body["studies"])
-    assert "policy-bt" in [s["reward"] for s in body["studies"]]
-    assert "The paper's claim" in r.output
+    assert [s["reward"] for s in body["studies"]] == ["policy-bt", "policy-bt-m100"]
+    assert all(s["n_max"] == 1024 for s in body["studies"])
+    # fewer people, a larger certified sensitivity
+    assert body["studies"][1]["sensitivity"] > 10 * body["studies"][0]["sensitivity"]
+    assert r.output.count("The paper's claim") == 2
