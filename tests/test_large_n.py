@@ -49,7 +49,7 @@ def test_bon_falls_on_a_hacked_reward_and_the_study_says_so(hacked):
     # with Delta_r 1e-3 of the range, Gumbel PrivBoN at epsilon 1 is nearly BoN: it falls too
     gum = sm["private"]["PrivBoN (Gumbel) eps=1"]
     assert gum["falls"] and not sm["claim_met"]
-    assert "falls" in claim_sentence(sm) and "not met" in claim_sentence(sm)
+    assert "falls" in claim_sentence(sm) and "not met" in claim_sentence(sm) and "points from BoN" in claim_sentence(sm)
     # ITP is also shown at its own best beta at every n, chosen on held-out prompts
     assert set(sm["itp_beta_by_n"]) == {"1", "4", "16", "64", "256"}
     assert {r["method"] for r in res["rows"]} >= {"BoN", "ITP", "ITP (beta tuned at each n)",

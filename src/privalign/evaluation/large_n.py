@@ -92,8 +92,10 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         peak = max(grid, key=lambda n: (held_mean[n], -n))  # ties: the smaller n
         test_by_n = {n: per[("test", label, n)] for n in grid}
         test_peak = max(grid, key=lambda n: (test_by_n[n].mean(), -n))
+        gap = 100.0 * (test_by_n[last] - per[("test", P.LABELS["bon"], last)])  # paired, per test prompt
         verdicts[label] = {**_drop(test_by_n, peak, last, s.seed), "test_peak_n": int(test_peak),
-                           "accuracy_at_last": float(test_by_n[last].mean())}
+                           "accuracy_at_last": float(test_by_n[last].mean()),
+                           "vs_bon_at_last": {"points": float(gap.mean()), "ci": list(P.bootstrap_ci(gap, seed=s.seed))}}
     bon = verdicts[P.LABELS["bon"]]
     private = {label: v for label, v in verdicts.items() if label.startswith(("PrivBoN (Gumbel)", "PrivITP"))}
     info = pool.metadata.get("reward_model_info", {}).get(s.reward, {})
@@ -123,10 +125,13 @@ def claim_sentence(sm: dict, num=lambda v: f"{v:.3g}") -> str:
                      f"{num(b['drop_points'])} points by n = {b['last_n']} (95% CI {num(b['ci'][0])} to "
                      f"{num(b['ci'][1])}); ")
     else:
-        parts.append(f"BoN does not fall: from its held-out peak n = {b['peak_n']} to n = {b['last_n']} it changes by "
+        parts.append(f"BoN does not fall beyond noise: from its held-out peak n = {b['peak_n']} to n = {b['last_n']} "
+                     f"it changes by "
                      f"{num(0.0 - b['drop_points'])} points (95% CI of the drop {num(b['ci'][0])} to {num(b['ci'][1])}); ")
     mono = [f"{label} {'keeps rising within its intervals' if not v['falls'] else 'falls'} "
-            f"(drop {num(v['drop_points'])}, CI {num(v['ci'][0])} to {num(v['ci'][1])})"
+            f"(drop {num(v['drop_points'])}, CI {num(v['ci'][0])} to {num(v['ci'][1])}) and ends "
+            f"{num(v['vs_bon_at_last']['points'])} points from BoN at n = {b['last_n']} (CI "
+            f"{num(v['vs_bon_at_last']['ci'][0])} to {num(v['vs_bon_at_last']['ci'][1])})"
             for label, v in sm["private"].items()]
     parts.append("; ".join(mono) + ". ")
     parts.append("The paper's claim (BoN falls, the private methods do not): "

@@ -355,7 +355,10 @@ def render_large_n(d: Path, settings: dict) -> str:
             p.append(_img(fig))
         rows = [{"method": label, "held-out peak n": v["peak_n"], "test peak n": v["test_peak_n"],
                  f"accuracy at n = {v['last_n']}": v["accuracy_at_last"], "drop (points)": v["drop_points"],
-                 "95% CI": f"{sig3(v['ci'][0])} to {sig3(v['ci'][1])}", "falls": v["falls"]}
+                 "95% CI": f"{sig3(v['ci'][0])} to {sig3(v['ci'][1])}", "falls": v["falls"],
+                 f"minus BoN at n = {v['last_n']} (points, 95% CI)":
+                     f"{sig3(v['vs_bon_at_last']['points'])} ({sig3(v['vs_bon_at_last']['ci'][0])} to "
+                     f"{sig3(v['vs_bon_at_last']['ci'][1])})"}
                 for label, v in sm["verdicts"].items()]
         p.append(_table(rows, list(rows[0])))
         p.append(f"<p>ITP's beta chosen on held-out prompts at each n: "
