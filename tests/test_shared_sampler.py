@@ -61,11 +61,16 @@ def test_first_token_follows_the_models_softmax(shared, smollm2):
 
 
 def test_whole_answers_have_the_law_of_one_at_a_time_sampling(shared, smollm2):
-    """Two-sample chi-square: 2,048 answers from the shared sampler against 300 drawn one per call."""
+    """Two-sample chi-square: 2,048 answers from the shared sampler against 300 decoded one at a
+    time (the loop sampler with one row per batch: each sample alone through the model's forward)."""
+    from privalign.backends.transformers_backend import TransformersGenerator
+
     t, p = _prompt()
     batched = [g.text for g in shared.generate(t.messages(p), 2048, max_new_tokens=t.max_new_tokens, seed=11)]
-    single = [smollm2.generate(t.messages(p), 1, max_new_tokens=t.max_new_tokens, seed=1000 + i)[0].text
-              for i in range(300)]
+    alone = TransformersGenerator.__new__(TransformersGenerator)
+    alone.__dict__.update(smollm2.__dict__)
+    alone.batch_size = 1
+    single = [g.text for g in alone.generate(t.messages(p), 300, max_new_tokens=t.max_new_tokens, seed=1000)]
     cats = [c for c in set(batched) if batched.count(c) / len(batched) * len(single) >= 5]
     assert len(cats) >= 2  # the test has something to compare
     table = np.array([[sum(x == c for x in s) for c in cats] + [sum(x not in cats for x in s)]

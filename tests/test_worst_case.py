@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from scipy import optimize
 
 from privalign import accounting as A
@@ -67,6 +67,7 @@ def test_epsilon_max_covers_every_realisable_outcome(n, sigma_z, sens):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 2048), sigma_z=st.floats(0.01, 3.0), sens=st.floats(0.001, 1.0),
        beta=st.floats(1e-4, 1.0), trunc=st.floats(0.0, 5.0))
+@example(n=3, sigma_z=3.0, sens=0.0078125, beta=0.0001, trunc=0.0)  # realised 2e-13 above a one-margin bound
 def test_epsilon_max_bounds_realised_cost_property(n, sigma_z, sens, beta, trunc):
     declared = A.privitp_epsilon_max(n, beta, 0.5, sigma_z, 1e-2, sens, 1.0, trunc)
     assert _realised_sup(n, beta, 0.5, sigma_z, 1e-2, sens, trunc, points=801) <= declared
