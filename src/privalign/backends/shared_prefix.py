@@ -131,7 +131,7 @@ class SharedPrefixDecoder:
                         (last, total, count) if features else None)
         feats = None
         if features:
-            feats = (last.numpy(), (total / count.clamp(min=1)[:, None]).numpy())
+            feats = (last.cpu().numpy(), (total / count.clamp(min=1)[:, None]).cpu().numpy())
         return tokens, n_tok, logprob, feats
 
     def _chunk(self, rows, pk, pv, first, p_len, max_new, temperature, gen, eos, tokens, n_tok, logprob, acc):
@@ -236,12 +236,12 @@ def check_logits(model, prompt_ids, continuation) -> float:
         pk = torch.stack([layer.keys[0] for layer in out["cache"].layers])
         pv = torch.stack([layer.values[0] for layer in out["cache"].layers])
         n_layers, width = pk.shape[0], len(continuation)
-        sk = torch.empty((n_layers, 1, dec.kv_heads, width, dec.head_dim))
+        sk = torch.empty((n_layers, 1, dec.kv_heads, width, dec.head_dim), device=prompt_ids.device)
         sv = torch.empty_like(sk)
         worst = 0.0
         p_len = int(prompt_ids.numel())
         for t, tok in enumerate(continuation):
-            h = dec._step(torch.tensor([tok]), p_len + t, t, pk, pv, sk, sv)
+            h = dec._step(torch.tensor([tok], device=prompt_ids.device), p_len + t, t, pk, pv, sk, sv)
             diff = (model.lm_head(h)[0] - full[p_len + t]).abs().max()
             worst = max(worst, float(diff))
     return worst if math.isfinite(worst) else float("inf")

@@ -134,6 +134,14 @@ def claim_sentence(sm: dict, num=lambda v: f"{v:.3g}") -> str:
             f"{num(v['vs_bon_at_last']['ci'][0])} to {num(v['vs_bon_at_last']['ci'][1])})"
             for label, v in sm["private"].items()]
     parts.append("; ".join(mono) + ". ")
+    by = claim_by_method(sm)
     parts.append("The paper's claim (BoN falls, the private methods do not): "
-                 + ("met." if sm["claim_met"] else "not met."))
+                 + ("met." if sm["claim_met"] else "not met")
+                 + ("" if sm["claim_met"] else
+                    " (" + ", ".join(f"{'met' if ok else 'not met'} for {label}" for label, ok in by.items()) + ")."))
     return "".join(parts)
+
+
+def claim_by_method(sm: dict) -> dict:
+    """The claim for each private method alone: BoN falls and that method does not."""
+    return {label: bool(sm["bon"]["falls"] and not v["falls"]) for label, v in sm["private"].items()}

@@ -336,8 +336,11 @@ def render_large_n(d: Path, settings: dict) -> str:
              f"n are chosen on the held-out half; every curve and drop is measured on the test half. Private methods "
              f"run at epsilon = {sig3(body['epsilon'])} per query, re-calibrated at each n. A method falls when the "
              f"95% paired bootstrap interval of its drop, from its held-out peak to the largest n, lies above 0.</p>")
+    from ..evaluation.large_n import claim_by_method
+
+    labels = list(dict.fromkeys(label for sm in body["studies"] for label in sm["private"]))
     cols = ["reward", "trained on", "m", "AUC (test)", "log-prob AUC", "Delta_r", "Delta_r / range",
-            "BoN peak n", "BoN drop (95% CI)", "claim"]
+            "BoN peak n", "BoN drop (95% CI)", *(f"claim: {label}" for label in labels), "claim"]
     t = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"]
     for sm in body["studies"]:
         b = sm["bon"]
@@ -345,8 +348,10 @@ def render_large_n(d: Path, settings: dict) -> str:
                  sig3(sm["auc"].get("logprob_auc")), sig3(sm.get("sensitivity")),
                  sig3(sm.get("sensitivity_share_of_range")), str(b["peak_n"]),
                  f"{sig3(b['drop_points'])} ({sig3(b['ci'][0])} to {sig3(b['ci'][1])})"]
-        t.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + f"<td>{_verdict(sm['claim_met'])}"
-                 "</td></tr>")
+        by = claim_by_method(sm)
+        t.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                 + "".join(f"<td>{_verdict(by[label]) if label in by else ''}</td>" for label in labels)
+                 + f"<td>{_verdict(sm['claim_met'])}</td></tr>")
     p.append("".join(t) + "</table>")
     for sm in body["studies"]:
         fig = d / f"large_n_{sm['reward']}.png"
