@@ -76,14 +76,14 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         best = None
         for beta in beta_grid:
             st = replace(s, algorithms=("itp",), n_grid=(n,), beta=beta)
-            acc_h = P._accuracy(held, st)[1]
+            _, acc_h, base_h = P._accuracy(held, st)
             if best is None or acc_h.mean() > best[0]:
-                best = (acc_h.mean(), beta, acc_h)
+                best = (acc_h.mean(), beta, acc_h, base_h)
         itp_beta[n] = best[1]
         st = replace(s, algorithms=("itp",), n_grid=(n,), beta=best[1])
         _, acc, base_acc = P._accuracy(test, st)
         rows.append(P._row(ITP_BEST, "itp", math.inf, n, acc, base_acc, st, s.seed))
-        held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], base_acc, st, s.seed))
+        held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], best[3], st, s.seed))
         per[("test", ITP_BEST, n)], per[("heldout", ITP_BEST, n)] = acc, best[2]
     last = grid[-1]
     verdicts = {}
