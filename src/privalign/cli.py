@@ -265,24 +265,18 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
 
     if pool and task:
         _fail("give --pool or --task, not both")
-    if large:
-        return _reproduce_large(pool, task, reward, targets, replicates, seed, workers, executor, scheduler, prompts,
-                                out)
-    if prompts is not None:
-        _fail("--prompts applies to --large only")
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
             raise ValueError
     except ValueError:
         _fail(f"--targets must be positive numbers like '1,4', got {targets!r}")
-    if pool:
-        p, label = _load(pool), pool
-    else:
-        try:
-            p, label = default_pool(task)
-        except ValueError as e:
-            _fail(str(e))
+    if large:
+        return _reproduce_large(pool, task, reward, target_eps[0], replicates, seed, workers, executor, scheduler,
+                                prompts, out)
+    if prompts is not None:
+        _fail("--prompts applies to --large only")
+    p, label = _pool_or_embedded(pool, lambda: default_pool(task))
     if reward is not None and reward not in p.reward_names:
         _fail(f"--reward {reward!r} is not a reward column of {label}; it has {p.reward_names}")
     if audit is None and not pool and reward in (None, p.metadata.get("default_reward")):
@@ -310,24 +304,23 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     _print_headline(out)
 
 
-def _reproduce_large(pool, task, reward, targets, replicates, seed, workers, executor, scheduler, prompts, out):
+def _pool_or_embedded(pool: Optional[Path], embedded):
+    """(pool, label): the given pool file, or the shipped pool ``embedded()`` loads."""
+    if pool:
+        return _load(pool), pool
+    try:
+        return embedded()
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+def _reproduce_large(pool, task, reward, eps, replicates, seed, workers, executor, scheduler, prompts, out):
+    """``reproduce --large``: the large-n study at the first target epsilon."""
     from .evaluation import EvalSettings
     from .evaluation.large_n import claim_sentence
     from .evaluation.suite import large_pool, run_large_n
 
-    try:
-        eps = float(targets.split(",")[0])
-        if not eps > 0:
-            raise ValueError
-    except ValueError:
-        _fail(f"--targets must start with a positive epsilon, got {targets!r}")
-    if pool:
-        p, label = _load(pool), pool
-    else:
-        try:
-            p, label = large_pool(task or "counting")
-        except (ValueError, FileNotFoundError) as e:
-            _fail(str(e))
+    p, label = _pool_or_embedded(pool, lambda: large_pool(task or "counting"))
     names = [r.strip() for r in reward.split(",") if r.strip()] if reward else None
     try:
         settings = EvalSettings(replicates=replicates, seed=seed, workers=workers, executor=executor,

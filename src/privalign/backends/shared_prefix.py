@@ -112,11 +112,7 @@ class SharedPrefixDecoder:
         import torch
 
         dev = prompt_ids.device
-        with torch.no_grad():
-            out = self.model(prompt_ids[None], use_cache=True)
-            pk = torch.stack([layer.keys[0] for layer in out["cache"].layers])  # (L, kv, P, d)
-            pv = torch.stack([layer.values[0] for layer in out["cache"].layers])
-            first = out.logits[0, -1].float()
+        pk, pv, first = self.prefill(prompt_ids)
         p_len = int(prompt_ids.numel())
         tokens = torch.full((k, max_new_tokens), eos, dtype=torch.long, device=dev)
         n_tok = torch.zeros(k, dtype=torch.long, device=dev)
@@ -133,6 +129,17 @@ class SharedPrefixDecoder:
         if features:
             feats = (last.cpu().numpy(), (total / count.clamp(min=1)[:, None]).cpu().numpy())
         return tokens, n_tok, logprob, feats
+
+    def prefill(self, prompt_ids):
+        """The prompt through the model once: its keys and values, (L, kv, P, d) each, and the
+        logits of the first response token."""
+        import torch
+
+        with torch.no_grad():
+            out = self.model(prompt_ids[None], use_cache=True)
+            pk = torch.stack([layer.keys[0] for layer in out["cache"].layers])
+            pv = torch.stack([layer.values[0] for layer in out["cache"].layers])
+        return pk, pv, out.logits[0, -1].float()
 
     def _chunk(self, rows, pk, pv, first, p_len, max_new, temperature, gen, eos, tokens, n_tok, logprob, acc):
         """Decode ``rows`` to EOS or ``max_new``. Rows whose responses so far are equal share one
@@ -232,9 +239,7 @@ def check_logits(model, prompt_ids, continuation) -> float:
     dec = SharedPrefixDecoder(model)
     with torch.no_grad():
         full = model(torch.cat([prompt_ids, torch.tensor(continuation, device=prompt_ids.device)])[None]).logits[0]
-        out = model(prompt_ids[None], use_cache=True)
-        pk = torch.stack([layer.keys[0] for layer in out["cache"].layers])
-        pv = torch.stack([layer.values[0] for layer in out["cache"].layers])
+        pk, pv, _ = dec.prefill(prompt_ids)
         n_layers, width = pk.shape[0], len(continuation)
         sk = torch.empty((n_layers, 1, dec.kv_heads, width, dec.head_dim), device=prompt_ids.device)
         sv = torch.empty_like(sk)

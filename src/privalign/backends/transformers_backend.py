@@ -173,12 +173,17 @@ class TransformersGenerator:
         tokens, n_tok, logprob, feats = self._shared.sample(ids, k, max_new_tokens=max_new_tokens,
                                                             temperature=temperature, gen=gen,
                                                             eos=self.tokenizer.eos_token_id, features=features)
+        return [dataclasses.replace(g, prompt_tokens=int(ids.numel()))
+                for g in self._generations(tokens, n_tok, logprob, feats, max_new_tokens)]
+
+    def _generations(self, tokens, n_tok, logprob, feats, max_new_tokens) -> list[Generation]:
+        """One ``Generation`` per sampled row: its text, token count, log-probability (None when not
+        finite), policy features when ``feats`` = (last, mean) is given, and why it stopped."""
         res = []
         for i, (row, n, lp) in enumerate(zip(tokens.tolist(), n_tok.tolist(), logprob.tolist())):
             res.append(Generation(text=self.tokenizer.decode(row[:n], skip_special_tokens=True), n_tokens=n,
                                   logprob=lp if math.isfinite(lp) else None,
                                   features=None if feats is None else policy_features(feats[0][i], feats[1][i], lp, n),
-                                  prompt_tokens=int(ids.numel()),
                                   finish_reason="length" if n >= max_new_tokens else "stop"))
         return res
 
@@ -289,15 +294,7 @@ class TransformersGenerator:
                 # samples cut at max_new_tokens: their feature sequence ends with an EOS too
                 h, _, cache = step(torch.full((b, 1), eos, device=self.device), cache)
                 acc.add(h[:, -1, :], alive)
-        feats = acc.result() if acc is not None else None
-        res = []
-        for i, (row, n, lp) in enumerate(zip(tokens.tolist(), n_tok.tolist(), logprob.tolist())):
-            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
-                                  features=None if feats is None else policy_features(feats[0][i], feats[1][i],
-                                                                                      lp, n),
-                                  finish_reason="length" if n >= max_new_tokens else "stop"))
-        return res
+        return self._generations(tokens, n_tok, logprob, acc.result() if acc is not None else None, max_new_tokens)
 
     def _sample_compact(self, prefix, idx, prefix_mask, max_new_tokens, temperature, gen, eos) -> list[Generation]:
         """``_sample`` without features, decoding only the rows still alive: ended rows are dropped
@@ -340,12 +337,7 @@ class TransformersGenerator:
                     positions = positions + 1
                 _, step_logits, cache = self._step(nxt[:, None], cache, mask, positions)
                 logits = step_logits[:, -1, :].float()
-        res = []
-        for row, n, lp in zip(tokens.tolist(), n_tok.tolist(), logprob.tolist()):
-            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            res.append(Generation(text=text, n_tokens=n, logprob=lp if math.isfinite(lp) else None,
-                                  finish_reason="length" if n >= max_new_tokens else "stop"))
-        return res
+        return self._generations(tokens, n_tok, logprob, None, max_new_tokens)
 
     def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64,
                   closed: list[bool] | None = None):

@@ -108,7 +108,6 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         "m": (info.get("certificate") or {}).get("m"), "trained_on": (info.get("certificate") or {}).get("task"),
         "bon": bon, "private": private, "verdicts": verdicts, "itp_beta_by_n": {str(k): v for k, v in itp_beta.items()},
         "itp_beta_at_n_ref": chosen["itp"]["beta"], "chosen": {str(k): v for k, v in chosen.items()},
-        "private_monotone": {label: not v["falls"] for label, v in private.items()},
         "claim_met": bool(bon["falls"] and private and not any(v["falls"] for v in private.values())),
     }
     return {"reward": s.reward, "rows": rows, "held_rows": held_rows, "summary": summary}

@@ -96,15 +96,18 @@ def default_pool(task: str | None = None) -> tuple[Pool, str]:
     """An embedded real pool (SmolLM2-135M-Instruct samples, graded, scored by certified reward
     models; docs/experiments.md has the commands that rebuild each): the one of ``task``, by
     default ``counting`` with its ``policy-bt`` reward."""
+    if task is not None and task not in SHIPPED_POOLS:
+        raise ValueError(f"no shipped pool for task {task!r}; shipped: {sorted(SHIPPED_POOLS)}")
+    return _embedded(SHIPPED_POOLS[task] if task else DEFAULT_POOL)
+
+
+def _embedded(name: str) -> tuple[Pool, str]:
+    """A pool shipped in privalign's data folder, and its label."""
     from importlib import resources
 
     from ..pools import load_pool
 
-    if task is not None and task not in SHIPPED_POOLS:
-        raise ValueError(f"no shipped pool for task {task!r}; shipped: {sorted(SHIPPED_POOLS)}")
-    name = SHIPPED_POOLS[task] if task else DEFAULT_POOL
-    path = resources.files("privalign") / "data" / name
-    return load_pool(str(path)), f"embedded: {name}"
+    return load_pool(str(resources.files("privalign") / "data" / name)), f"embedded: {name}"
 
 
 def declared_reward(pool: Pool, settings: EvalSettings) -> EvalSettings:
@@ -222,13 +225,9 @@ LARGE_POOLS = {"counting": "counting-large-smollm2.parquet", "arithmetic-mix": "
 
 def large_pool(task: str = "counting") -> tuple[Pool, str]:
     """A shipped large pool (1,024 samples per prompt, several certified reward models)."""
-    from importlib import resources
-
-    from ..pools import load_pool
-
     if task not in LARGE_POOLS:
         raise ValueError(f"no shipped large pool for task {task!r}; shipped: {sorted(LARGE_POOLS)}")
-    return load_pool(str(resources.files("privalign") / "data" / LARGE_POOLS[task])), f"embedded: {LARGE_POOLS[task]}"
+    return _embedded(LARGE_POOLS[task])
 
 
 def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, settings: EvalSettings | None = None,
@@ -241,8 +240,8 @@ def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, se
     from . import large_n as L
 
     if prompts is not None:
-        ids = list(dict.fromkeys(np.asarray(pool.columns["prompt_id"], str).tolist()))[:prompts]
-        keep = np.isin(np.asarray(pool.columns["prompt_id"], str), ids)
+        pid = np.asarray(pool.columns["prompt_id"], str)
+        keep = np.isin(pid, list(dict.fromkeys(pid.tolist()))[:prompts])
         pool = Pool({c: np.asarray(v)[keep] for c, v in pool.columns.items()}, pool.metadata)
     names = list(rewards) if rewards else L.certified_rewards(pool)
     default = pool.metadata.get("default_reward")
@@ -274,7 +273,7 @@ def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, se
                               f"{sm['test_prompts']} test prompts, {s.replicates} replicates per prompt, 95% bootstrap "
                               f"intervals over prompts; AUC {sm['auc']['auc']:.3f}, Delta_r {sm['sensitivity']:.3g}")
         write_json(tmp / "settings.json", _settings_record(
-            s, pool, pool_path, None, pool.grouped(names[0]).n_prompts,
+            s, pool, pool_path, None, studies[0]["summary"]["held_prompts"] + studies[0]["summary"]["test_prompts"],
             {"job": "reproduce-large", "evaluation": _untuned(s), "rewards": names, "epsilon": epsilon,
              "n_ref": n_ref, "n_grid": list(n_grid or L.LARGE_N), "grids": {"beta": list(beta_grid)},
              "delta": delta}))

@@ -313,7 +313,7 @@ def render_reproduce(d: Path, settings: dict) -> str:
 
 def render_large_n(d: Path, settings: dict) -> str:
     """The large-n report (``reproduce --large``): the claim per reward model on the first screen."""
-    from ..evaluation.large_n import claim_sentence
+    from ..evaluation.large_n import claim_by_method, claim_sentence
 
     body = json.loads((d / "large_n.json").read_text())
     meta = (settings.get("pool") or {}).get("metadata", {})
@@ -336,8 +336,6 @@ def render_large_n(d: Path, settings: dict) -> str:
              f"n are chosen on the held-out half; every curve and drop is measured on the test half. Private methods "
              f"run at epsilon = {sig3(body['epsilon'])} per query, re-calibrated at each n. A method falls when the "
              f"95% paired bootstrap interval of its drop, from its held-out peak to the largest n, lies above 0.</p>")
-    from ..evaluation.large_n import claim_by_method
-
     labels = list(dict.fromkeys(label for sm in body["studies"] for label in sm["private"]))
     cols = ["reward", "trained on", "m", "AUC (test)", "log-prob AUC", "Delta_r", "Delta_r / range",
             "BoN peak n", "BoN drop (95% CI)", *(f"claim: {label}" for label in labels), "claim"]
@@ -366,7 +364,7 @@ def render_large_n(d: Path, settings: dict) -> str:
                      f"{sig3(v['vs_bon_at_last']['ci'][1])})"}
                 for label, v in sm["verdicts"].items()]
         p.append(_table(rows, list(rows[0])))
-        p.append(f"<p>ITP's beta chosen on held-out prompts at each n: "
+        p.append("<p>ITP's beta chosen on held-out prompts at each n: "
                  + ", ".join(f"n = {k}: {sig3(v)}" for k, v in sm["itp_beta_by_n"].items())
                  + f" (at n_ref: {sig3(sm['itp_beta_at_n_ref'])}).</p>")
     p.append(_details("Every curve point (summary.csv)", _table(read_csv(d / "summary.csv"), None)))
