@@ -162,3 +162,32 @@ def test_headline_says_when_bon_has_no_lift_to_keep_a_share_of():
     assert "no lift" in line and "NOT MET" in line
     h["privbon_keeps"] = {"share": 0.8, "privbon_lift": 4.0, "bon_lift": 5.0, "met": True}
     assert "keeps 80% of BoN's lift" in headline_sentences(h)[0]
+
+
+@pytest.mark.parametrize("layout", ["ordered", "shuffled", "wide-ids", "negative", "strings", "repeat-adjacent"])
+def test_duplicate_rows_match_a_set_based_reference(layout):
+    from privalign.pools import _later_duplicates
+
+    rng = np.random.default_rng(3)
+    p = np.repeat(np.arange(40), 25)
+    s = np.tile(np.arange(25), 40)
+    if layout == "wide-ids":
+        p = p * 2 ** 40 + 7  # spans more than 2**31: hashed codes, not the values
+    elif layout == "negative":
+        p, s = p - 20, s - 1000
+    elif layout == "strings":
+        p = np.array([f"q{v}" for v in p], dtype=object)
+    if layout != "ordered":
+        s[rng.choice(s.size, 30, replace=False)] = rng.integers(0, 25, 30)  # plant repeats
+    if layout == "repeat-adjacent":
+        s[1] = s[0]
+    if layout not in ("ordered", "repeat-adjacent"):
+        order = rng.permutation(p.size)
+        p, s = p[order], s[order]
+    seen, expected = set(), []
+    for key in zip(p.tolist(), s.tolist()):
+        expected.append(key in seen)
+        seen.add(key)
+    got = _later_duplicates(p, s)
+    assert got.tolist() == expected
+    assert (layout == "ordered") == (not any(expected))

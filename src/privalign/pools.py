@@ -196,9 +196,26 @@ def _sorted_codes(values) -> np.ndarray:
     return rank[np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)]
 
 
+def _rows_in_order(prompt_id, sample_id, chunk: int = 1 << 20) -> bool:
+    """True when (prompt_id, sample_id) strictly increases from row to row, as in a pool written
+    grouped by prompt (then no pair repeats). Checked in chunks, so that 13 million rows need no
+    row-sized temporaries; values that do not compare (mixed types) count as out of order."""
+    n = len(prompt_id)
+    try:
+        for i in range(0, n - 1, chunk):
+            a, b = prompt_id[i:i + chunk + 1], sample_id[i:i + chunk + 1]
+            if not ((a[1:] > a[:-1]) | ((a[1:] == a[:-1]) & (b[1:] > b[:-1]))).all():
+                return False
+    except TypeError:
+        return False
+    return True
+
+
 def _later_duplicates(prompt_id, sample_id) -> np.ndarray:
     """True for every row whose (prompt_id, sample_id) occurred in an earlier row."""
     n = len(prompt_id)
+    if _rows_in_order(prompt_id, sample_id):  # the usual case: no codes, no sort
+        return np.zeros(n, bool)
     a = _codes(prompt_id)
     b = _codes(sample_id)
     key = a * (int(b.max()) + 1 if n else 1) + b
@@ -215,9 +232,10 @@ def _show(v) -> str:
 
 
 def _as_float(col) -> np.ndarray:
+    """The column as float64: the column itself when it is float64 already (no copy)."""
     if col.dtype == object:
         return np.array([math.nan if v is None else float(v) for v in col], float)
-    return col.astype(float)
+    return np.asarray(col, float)
 
 
 def _columns_from_rows(rows: list[dict]) -> dict[str, np.ndarray]:
