@@ -227,3 +227,37 @@ def test_bad_execution_settings_are_refused():
         with pytest.raises(ValueError, match=name):
             EvalSettings(**kw).check()
     assert "workers" not in EvalSettings(workers=3).as_dict()  # execution does not change the results
+
+
+@pytest.mark.parametrize("start", [None, -5.0, 0.3, 0.7, 2.0])
+def test_batched_itp_lambda_is_the_exact_root_from_any_start(start):
+    from privalign.accounting import itp_lambda
+
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.random((20, 64)), np.round(rng.random((5, 64)), 1)])  # ties too
+    got = laws.lambda_rows(x, 0.05, start=start)
+    assert np.allclose(got, [itp_lambda(row, 0.05) for row in x], rtol=0, atol=1e-12)
+    assert np.allclose(got, laws._lambda_rows_sorted(x, 0.05), rtol=0, atol=1e-12)
+    assert np.allclose(np.maximum(x - got[:, None], 0).sum(axis=1), 64 * 0.05, rtol=1e-12)
+
+
+@pytest.mark.parametrize("truncation", [0.0, 1.5])
+def test_privitp_acceptance_matches_the_log_space_closed_form(truncation):
+    from privalign._special import log_mean_ndtr
+
+    rng = np.random.default_rng(5)
+    x = rng.random(40)
+    lam_t = np.r_[rng.uniform(-0.05, 1.0, 5), 1.0]  # lambda~ = r_max: c = L, zero without truncation
+    i2 = rng.integers(0, x.size, (lam_t.size, 30))
+    sz = 0.25
+    got = laws.privitp_acceptance_rows(x[i2], lam_t, sz, 1.0, truncation)
+    tabled = laws.privitp_acceptance_rows(x[i2], lam_t, sz, 1.0, truncation,
+                                          laws.privitp_lower(x, sz, 1.0, truncation)[i2])
+    assert np.array_equal(got, tabled)
+    b = (1.0 + sz * truncation - lam_t)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.exp(log_mean_ndtr((x[i2] - lam_t[:, None] - b) / sz, np.broadcast_to(b / sz, i2.shape)))
+    if truncation == 0.0:  # c = 0: the uniform mixture collapses to Phi((r - r_max) / sigma_Z)
+        from scipy.special import ndtr
+        want[-1] = ndtr((x[i2[-1]] - 1.0) / sz)
+    assert np.allclose(got, want, rtol=0, atol=1e-12)

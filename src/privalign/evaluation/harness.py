@@ -177,8 +177,12 @@ def _draw(rng, S: int, M_: int, n: int, replace: bool) -> np.ndarray:
 
 
 def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.ndarray, algo: str, n: int,
-                s: EvalSettings, rng: np.random.Generator, pending: list | None = None) -> np.ndarray:
+                s: EvalSettings, rng: np.random.Generator, pending: list | None = None,
+                lam_start: float | None = None) -> np.ndarray:
     """Metrics of one (prompt, algorithm, n): vector of len(METRICS).
+
+    ``lam_start``: where ITP's lambda search starts (``laws.lambda_rows``); it changes the cost,
+    not the result.
 
     PrivITP with a ``pending`` list: its epsilon is Phase 1's only, and the record that gives
     E[epsilon_2] is appended to ``pending`` (see ``_privitp_epsilon2``).
@@ -212,7 +216,7 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
             out[6] = A.gaussian_rnm_epsilon(s.sigma, delta_r, prep.r_max, n)
         ev = expectation([idx], [law], 0.0)
     elif algo == "itp":
-        lam = laws.lambda_rows(xc, s.beta)[:, None]
+        lam = laws.lambda_rows(xc, s.beta, lam_start)[:, None]
 
         def itp_chunk(a, b, live):
             return idx[live, a:b], laws.itp_acceptance_rows(xc[live, a:b], lam[live], prep.r_max)
@@ -222,13 +226,17 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
         halting = t.mean()
         out[6] = math.inf
     elif algo == "privitp":
-        lam = laws.lambda_rows(xc, s.beta)
+        lam = laws.lambda_rows(xc, s.beta, lam_start)
         lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
         idx2_full = None if s.replace else _draw(rng, S, M_, n, False)
+        # Psi at the acceptance integral's lower end depends on the candidate only: tabulated over
+        # the pool when the replicates may examine more candidates than it has
+        table = laws.privitp_lower(x, s.sz, prep.r_max, L) if M_ * n >= 2 * S else None
 
         def privitp_chunk(a, b, live):  # the second batch is drawn lazily, as the mechanism generates it
             i2 = (rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b])[live]
-            return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L)
+            return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L,
+                                                    None if table is None else table[i2])
 
         parts, law_parts, fb, t = laws.sequential_lazy(n, M_, privitp_chunk)
         ev = expectation(parts, law_parts, fb.sum())
@@ -349,13 +357,15 @@ def evaluate_prompts(prep: PreparedPool, s: EvalSettings, lo: int, hi: int) -> t
     for i, k in enumerate(range(lo, hi)):
         rng = prompt_generator(s.seed, k)
         x, vals, base[i] = prep.prompt(k)
+        # every replicate's lambda estimates the root over the prompt's whole pool: start there
+        lam_start = float(laws.lambda_rows(x[None, :], s.beta)[0]) if {"itp", "privitp"} & set(s.algorithms) else None
         for a, algo in enumerate(s.algorithms):
             if algo == "bon" and s.estimator == "exact":
                 out[a, :, i] = _bon_exact(x, vals, s)
                 continue
             pending = []
             for j, n in enumerate(s.n_grid):
-                out[a, j, i] = _per_prompt(prep, x, vals, base[i], algo, int(n), s, rng, pending)
+                out[a, j, i] = _per_prompt(prep, x, vals, base[i], algo, int(n), s, rng, pending, lam_start)
             if pending:  # PrivITP: E[epsilon_2] for the whole n grid at once
                 for j, eps2 in enumerate(_privitp_epsilon2(prep, s, pending)):
                     out[a, j, i, METRICS.index("epsilon")] += eps2.mean()
