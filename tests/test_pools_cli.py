@@ -191,3 +191,24 @@ def test_duplicate_rows_match_a_set_based_reference(layout):
     got = _later_duplicates(p, s)
     assert got.tolist() == expected
     assert (layout == "ordered") == (not any(expected))
+
+
+@pytest.mark.parametrize("layout", ["grouped", "shuffled", "strings", "strings-shuffled"])
+def test_grouping_matches_a_stable_sort_whatever_the_row_order(layout):
+    rng = np.random.default_rng(4)
+    p = np.repeat(np.arange(30) * 3 - 7, rng.integers(1, 9, 30))
+    if layout.startswith("strings"):
+        p = np.array([f"q{v:+04d}" for v in p], dtype=object)
+    if layout.endswith("shuffled"):
+        p = p[rng.permutation(p.size)]
+    true = rng.uniform(size=p.size)
+    pool = Pool({"prompt_id": p, "sample_id": np.arange(p.size), "true_reward": true,
+                 "reward:rm": rng.normal(size=p.size)})
+    g = pool.grouped()
+    keys = p.tolist()
+    order = sorted(range(p.size), key=lambda i: keys[i])  # Python's sort is stable
+    assert g.true.tolist() == true[order].tolist()
+    assert g.proxy.tolist() == pool.columns["reward:rm"][order].tolist()
+    assert g.prompt_ids.tolist() == sorted(set(keys))
+    assert np.diff(g.offsets).tolist() == [keys.count(v) for v in sorted(set(keys))]
+    assert not g.true.flags.writeable and not g.proxy.flags.writeable

@@ -56,17 +56,25 @@ class Pool:
         return self.columns[REWARD_PREFIX + name]
 
     def grouped(self, reward: str | None = None) -> "GroupedPool":
-        """Rows grouped by prompt (stable order): flat arrays plus offsets."""
+        """Rows grouped by prompt (stable order): flat arrays plus offsets, read-only.
+
+        A pool whose rows already come prompt by prompt in increasing prompt_id (as ``save`` and
+        the pipeline write them) is grouped as views of its columns, with no sort and no copy.
+        """
         pid = self.columns["prompt_id"]
-        rank = _sorted_codes(pid)  # the order of np.argsort(pid, kind="stable"), on integers (fast)
-        order = np.argsort(rank, kind="stable")
-        sorted_ids = pid[order]
-        r = rank[order]
-        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-        offsets = np.r_[starts, len(pid)]
-        return GroupedPool(prompt_ids=sorted_ids[starts], offsets=offsets,
-                           proxy=np.asarray(self.reward(reward), float)[order],
-                           true=np.asarray(self.columns["true_reward"], float)[order])
+        proxy = np.asarray(self.reward(reward), float)
+        true = np.asarray(self.columns["true_reward"], float)
+        if _non_decreasing(pid):
+            starts = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]])
+            ids = pid[starts]
+        else:
+            rank = _sorted_codes(pid)  # the order of np.argsort(pid, kind="stable"), on integers (fast)
+            order = np.argsort(rank, kind="stable")
+            r = rank[order]
+            starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+            ids, proxy, true = pid[order[starts]], proxy[order], true[order]
+        return GroupedPool(prompt_ids=ids, offsets=np.r_[starts, len(pid)],
+                           proxy=_read_only(proxy), true=_read_only(true))
 
     # ------------------------------------------------------------------ validation
     def problems(self) -> list[str]:
@@ -194,6 +202,20 @@ def _sorted_codes(values) -> np.ndarray:
     rank = np.empty(uniq.size, np.int64)
     rank[np.argsort(uniq, kind="stable")] = np.arange(uniq.size)
     return rank[np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)]
+
+
+def _non_decreasing(values) -> bool:
+    """True when every value is >= the one before it; values that do not compare count as False."""
+    try:
+        return bool(np.all(values[1:] >= values[:-1]))
+    except TypeError:
+        return False
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _rows_in_order(prompt_id, sample_id, chunk: int = 1 << 20) -> bool:
