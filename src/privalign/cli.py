@@ -80,6 +80,26 @@ def _fail(message: str):
     raise typer.Exit(2)
 
 
+def _out_dir(out: Path, inputs=()) -> None:
+    """Refuse (one line, exit 2) a results directory whose replacement could lose data."""
+    from ._paths import OutputError, check_output_dir
+
+    try:
+        check_output_dir(out, inputs=inputs)
+    except OutputError as e:
+        _fail(str(e))
+
+
+def _out_file(out: Path, kind: str, option: str = "--out") -> None:
+    """Refuse (one line, exit 2) a file target that is a directory or a file privalign did not write."""
+    from ._paths import OutputError, check_output_file
+
+    try:
+        check_output_file(out, kind, option=option)
+    except OutputError as e:
+        _fail(str(e))
+
+
 @app.command()
 def demo():
     """Print a worked example: each mechanism's choice and privacy cost, and a budget filter."""
@@ -103,6 +123,7 @@ def simulate(world: str = typer.Argument(..., help="gaussian or hackable"),
     """Draw a response pool from a simulation world (reproducible from --seed)."""
     from .simulate import simulate as sim
 
+    _out_file(out, "pool")
     opts = ({"base_accuracy": base_accuracy, "reward_noise": reward_noise} if world == "gaussian" else
             {"base_accuracy": base_accuracy, "concentration": concentration, "margin": margin,
              "correct_noise": correct_noise, "wrong_noise": wrong_noise})
@@ -162,6 +183,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
     from .evaluation import EvalSettings
     from .evaluation.suite import run_evaluate
 
+    _out_dir(out, inputs=[pool])
     p = _load(pool)
     rr = None
     if reward_range:
@@ -265,6 +287,7 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
 
     if pool and task:
         _fail("give --pool or --task, not both")
+    _out_dir(out, inputs=[pool, audit])
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
@@ -406,6 +429,7 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject],
     from .pipeline import generate_pool
     from .tasks import get_task
 
+    _out_file(out, "pool")
     try:
         t = get_task(task, data_dir)
         problems = t.load(split, limit)
@@ -494,6 +518,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
              data_dir: Optional[str] = typer.Option(None),
              out: Path = typer.Option(..., help="output model (JSON)")):
     """Train a certified Bradley-Terry reward model and print its certificate."""
+    _out_file(out, "model")
+    _out_file(private_path(out), "model")
     if features == "policy":
         return _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon,
                                 range_epsilon, seed, name or "policy-bt", out, max_pairs)
@@ -630,6 +656,8 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
     from .audit import audit as run_audit
     from .rewards.policy_bt import PolicyBTReward
 
+    if out:
+        _out_dir(out, inputs=[model, pool])
     try:
         m = PolicyBTReward.load(model)
     except (ValueError, OSError, KeyError) as e:
@@ -650,9 +678,11 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
     if out:
         from . import __version__
         from .report.figures import audit_bars
+        from ._paths import write_manifest
         from .report.results import write_json
 
         out.mkdir(parents=True, exist_ok=True)
+        write_manifest(out)
         write_json(out / "audit.json", {"model": str(model), "pool": str(pool), "epsilon": epsilon, "delta": delta,
                                          "seed": seed, "privalign_version": __version__,
                                          "command": "privalign " + " ".join(sys.argv[1:]), **res})

@@ -2,7 +2,9 @@
 
 Everything is first written into a temporary sibling directory, which replaces ``out`` only when
 complete; an interruption (Ctrl-C included) removes the temporary directory and leaves no
-half-written result files.
+half-written result files. ``out`` is checked first (``privalign._paths.check_output_dir``): only a
+new or empty folder, or one privalign wrote (it carries the manifest ``.privalign-results.json``), is
+ever replaced.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .._paths import check_output_dir, write_manifest
 
 SUMMARY_COLUMNS = ("algorithm", "n", "accuracy", "accuracy_se", "lift", "lift_se", "lift_rel", "lift_rel_se",
                    "proxy_reward", "proxy_reward_se", "win_rate", "win_rate_se", "true_win_rate",
@@ -65,15 +69,22 @@ def read_csv(path: Path) -> list[dict]:
 
 @contextlib.contextmanager
 def atomic_directory(out: str | Path):
-    """Yield a temporary directory that becomes ``out`` on success and vanishes on failure."""
-    out = Path(out)
+    """Yield a temporary directory that becomes ``out`` on success and vanishes on failure.
+
+    Raises ``OutputError`` before anything is created when ``out`` may not be replaced."""
+    out = check_output_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        write_manifest(tmp)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    try:
+        check_output_dir(out)  # again: the folder may have changed while the run worked
+    except ValueError as e:
+        raise type(e)(f"{e} (this run's results are kept in {tmp})") from None
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old")
