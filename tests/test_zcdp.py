@@ -122,7 +122,7 @@ def test_filter_never_admits_past_rho_total_under_adaptive_parameters(ops, total
         if kind == "gumbel":
             event = A.privbon_event(x, 0.1)
         elif kind == "gaussian":
-            event = A.privbon_event(x, 0.1, noise="gaussian", n=8)
+            event = A.privbon_event(x, 0.1, noise="gaussian", n=8, r_max=1.0)
         elif kind == "privitp":
             event = A.privitp_event(8, 0.05, x, x, 1e-8, 0.1, 1.0)
         else:

@@ -829,7 +829,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
     for comp, note in (("basic", ""), ("fsrc", counts["fsrc_note"] if counts else ""),
                        ("zcdp", "fully adaptive (Renyi filter), CKS conversion")):
         value = counts[comp] if counts else eps_of.get(comp)
-        row = [comp, fmt(value)] + ([fmt(acc[comp], 3)] if pool is not None else []) + [note]
+        # an epsilon per query is printed as planned (the shortest decimal the filter admits Q times at):
+        # rounding it to fewer digits could round it up, and the filter would then admit Q - 1
+        row = [comp, fmt(value) if counts or value is None else repr(value)] + ([fmt(acc[comp], 3)] if pool is not None else []) + [note]
         table.add_row(*row)
     if counts and counts.get("zcdp_limit") is not None:
         table.add_row("(limit)", fmt(counts["zcdp_limit"]), *([""] if pool is not None else []),

@@ -60,13 +60,17 @@ def pure_event(epsilon: float, mechanism: str = "pure") -> PrivacyEvent:
 
 
 def privbon_event(noise_scale: float, sensitivity: float, *, noise: str = "gumbel", n: int | None = None,
-                  r_max: float = 1.0) -> PrivacyEvent:
-    """PrivBoN at ``noise_scale`` (on the [0, r_max] scale): Gumbel is epsilon-bounded-range
-    (rho = epsilon^2 / 8); Gaussian noise (needs n) and OpenDP's exact path are pure epsilon-DP
-    (rho = epsilon^2 / 2)."""
+                  r_max: float | None = None) -> PrivacyEvent:
+    """PrivBoN at ``noise_scale``: Gumbel is epsilon-bounded-range (rho = epsilon^2 / 8); Gaussian
+    noise and OpenDP's exact path are pure epsilon-DP (rho = epsilon^2 / 2).
+
+    Gaussian noise's epsilon depends on n and on the reward range's width r_max (scores on
+    [0, r_max]; App. E): both are required, never assumed (a range of 7.44 taken for 1 under-charges
+    rho about 9x). Gumbel and exact noise do not use them."""
     if noise == "gaussian":
-        if n is None:
-            raise ValueError("Gaussian PrivBoN's epsilon depends on n: give n")
+        if n is None or r_max is None:
+            raise ValueError(f"noise='gaussian' needs n and r_max (the reward range's width): its epsilon depends on "
+                             f"both (App. E), got n={n!r}, r_max={r_max!r}")
         eps = gaussian_rnm_epsilon(noise_scale, sensitivity, r_max, n)
         rho = pure_dp_rho(eps)
     elif noise in ("gumbel", "exact"):

@@ -20,6 +20,7 @@ import math
 
 from .calibration import privbon_noise_scale, privitp_noise_scales
 from .events import PrivacyEvent, privbon_event, privitp_event
+from .filter import BudgetExceededError, PrivacyFilter
 from .zcdp import gaussian_profile_rho, zcdp_rho_total
 
 MECHANISMS = ("privbon", "privbon-gaussian", "privitp")
@@ -33,7 +34,7 @@ def query_event(mechanism: str, epsilon: float, *, n: int = 16, sensitivity: flo
         return privbon_event(privbon_noise_scale(epsilon, sensitivity), sensitivity)
     if mechanism == "privbon-gaussian":
         sigma = privbon_noise_scale(epsilon, sensitivity, noise="gaussian", n=n, r_max=1.0)
-        return privbon_event(sigma, sensitivity, noise="gaussian", n=n)
+        return privbon_event(sigma, sensitivity, noise="gaussian", n=n, r_max=1.0)
     if mechanism == "privitp":
         sx, sz = privitp_noise_scales(epsilon, delta, n, beta, sensitivity, 1.0, phase1_fraction=phase1_fraction)
         return privitp_event(n, beta, sx, sz, delta, sensitivity, 1.0)
@@ -56,29 +57,90 @@ def plan_counts(epsilon_total: float, delta_total: float, event: PrivacyEvent) -
     return out
 
 
+def admitted(epsilon_total: float, delta_total: float, composition: str, event: PrivacyEvent, cap: int) -> int:
+    """How many queries of ``event`` the real ``PrivacyFilter`` admits, one after another, each
+    settled at its worst case (so its own rounding and summation order apply), counting up to ``cap``."""
+    f = PrivacyFilter(epsilon_total, delta_total, composition)
+    for k in range(cap):
+        try:
+            f.settle(f.reserve(event=event))
+        except BudgetExceededError:
+            return k
+    return cap
+
+
 def plan_epsilons(epsilon_total: float, delta_total: float, queries: int, mechanism: str, **kw) -> dict:
-    """The largest epsilon per query (its worst case) at which each composition admits ``queries``
-    queries of ``mechanism`` (``kw`` as ``query_event``)."""
-    if queries < 1:
-        raise ValueError(f"queries must be >= 1, got {queries!r}")
-    out = {"basic": epsilon_total / queries}
-    if mechanism == "privitp":
-        d = kw.get("delta", 1e-8)
-        if d * queries > delta_total:
-            out["basic"] = None  # the deltas alone do not fit
+    """The largest epsilon per query (the one a request asks for, ``query_event``'s argument) at
+    which each composition's filter admits exactly ``queries`` queries of ``mechanism`` (``kw`` as
+    ``query_event``); None where no epsilon does.
+
+    The rule is the real filter's, rounding margins included: each candidate epsilon is checked by
+    running up to ``queries + 1`` queries through a ``PrivacyFilter`` (``admitted``). The closed forms
+    (epsilon_total / Q; sqrt(8 rho_total / Q) for Gumbel under zcdp) only start the search. The value
+    returned is the exact threshold rounded down to 6 significant digits (more where 6 cannot tell Q
+    from Q + 1), so the printed number, pasted into a request or a config, admits exactly Q."""
+    if isinstance(queries, bool) or not isinstance(queries, int) or queries < 1:
+        raise ValueError(f"queries must be an integer >= 1, got {queries!r}")
+
+    def count(composition):
+        def k(eps):
+            try:
+                event = query_event(mechanism, eps, **kw)
+            except ValueError:  # this epsilon cannot be reached (e.g. PrivITP's phase split)
+                return 0
+            return admitted(epsilon_total, delta_total, composition, event, queries + 1)
+        return k
+
+    out = {"basic": _largest_exact(count("basic"), queries, epsilon_total / queries)}
+    out["fsrc"] = out["basic"]  # planned at the worst case: FSRC's ex-post saving is not known in advance
     if delta_total <= 0:
         out["zcdp"] = None
         return out
     rho_total = zcdp_rho_total(epsilon_total, delta_total)
     if mechanism == "privbon":
-        out["zcdp"] = math.sqrt(8 * rho_total / queries)
+        guess = math.sqrt(8 * rho_total / queries)
     elif mechanism == "privbon-gaussian":
-        out["zcdp"] = math.sqrt(2 * rho_total / queries)
+        guess = math.sqrt(2 * rho_total / queries)
     else:
-        out["zcdp"] = _largest(lambda e: query_event(mechanism, e, **kw).rho * queries <= rho_total,
-                               hi=max(out["basic"] or 0.0, 1.0) * 10)
-    out["fsrc"] = out["basic"]
+        guess = _largest(lambda e: query_event(mechanism, e, **kw).rho * queries <= rho_total,
+                         hi=max(out["basic"] or 0.0, 1.0) * 10)
+    out["zcdp"] = None if guess is None else _largest_exact(count("zcdp"), queries, guess)
     return out
+
+
+def _largest_exact(count, queries: int, guess: float, rel: float = 1e-8) -> float | None:
+    """The largest x (to 6 significant digits, rounded down) with count(x) == queries, for count
+    decreasing in x: the threshold t = max {x: count(x) >= queries} is bracketed from ``guess`` and
+    bisected to a relative ``rel``; None when no x > 0 reaches ``queries``."""
+    if not (guess > 0 and math.isfinite(guess)):
+        return None
+    step = 1e-7
+    if count(guess) >= queries:
+        lo, hi = guess, guess * (1 + step)
+        while count(hi) >= queries:
+            lo, step = hi, step * 4
+            hi = guess * (1 + step)
+            if step > 1e6:
+                return None  # no epsilon stops it
+    else:
+        lo, hi = guess * (1 - step), guess
+        while count(lo) < queries:
+            hi, step = lo, step * 4
+            if step >= 1:
+                return None  # not even a tiny epsilon is admitted this often (e.g. the deltas do not fit)
+            lo = guess * (1 - step)
+    while hi - lo > rel * hi:
+        mid = (lo + hi) / 2
+        if count(mid) >= queries:
+            lo = mid
+        else:
+            hi = mid
+    for digits in range(6, 18):  # lo rounded down to the fewest digits (>= 6) that still admit exactly Q
+        q = 10.0 ** (math.floor(math.log10(lo)) - digits + 1)
+        x = float(f"{math.floor(lo / q) * q:.{digits}g}")
+        if x <= lo and count(x) == queries:
+            return x
+    return lo if count(lo) == queries else None
 
 
 def _largest(ok, hi: float, lo: float = 1e-6, steps: int = 20) -> float | None:
