@@ -34,6 +34,8 @@ from ..backends.base import BackendError
 from ..ledger import BudgetExhausted, Ledger, UnknownBudget
 from ..rewards import RewardModel, score_checked
 from .config import ServiceConfig
+from .errors import ApiError
+from .openai_params import cut_at_stop
 
 
 class StubGenerator:
@@ -138,15 +140,6 @@ def shown(x: float) -> float:
 def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> A.PrivacyEvent:
     """PrivITP's event (worst case, delta, rho), cached: the worst case takes milliseconds to compute."""
     return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, kind: str, message: str, **extra):
-        self.status, self.kind, self.message, self.extra = status, kind, message, extra
-        super().__init__(message)
-
-    def body(self) -> dict:
-        return {"error": {"type": self.kind, "message": self.message, **self.extra}}
 
 
 class Service:
@@ -376,7 +369,8 @@ class Service:
 
     # ------------------------------------------------------------------ one query
     def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None,
-               temperature: float | None = None) -> dict:
+               temperature: float | None = None, stop: tuple[str, ...] = ()) -> dict:
+        """One query: validate, reserve, generate (every candidate cut at ``stop``), score, select, settle."""
         t0 = time.perf_counter()
         messages = self.check_messages(messages)
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
@@ -389,6 +383,7 @@ class Service:
             raise ApiError(400, "invalid_request", f"temperature must lie in (0, 2] (the candidates are samples of "
                                                    f"the policy), got {temperature!r}")
         o = self.options(ext, tenant)
+        o["stop"] = tuple(stop)
         slot = self._slots.setdefault(tenant, threading.BoundedSemaphore(self.cfg.max_inflight_per_tenant))
         if not slot.acquire(blocking=False):
             raise ApiError(429, "too_many_requests", f"this tenant already has {self.cfg.max_inflight_per_tenant} "
@@ -507,14 +502,19 @@ class Service:
                                                    f"{self.cfg.max_prompt_chars}")
         return out
 
-    def _generate(self, messages, k, max_tokens, temperature=None, usage: dict | None = None):
+    def _generate(self, messages, k, max_tokens, temperature=None, usage: dict | None = None, stop=()):
         """One backend call; at most ``max_concurrency`` of them run at once (the others wait here).
-        ``usage`` (prompt_tokens, completion_tokens) is updated with what the backend reports."""
+        ``usage`` (prompt_tokens, completion_tokens) is updated with what the backend reports. Every
+        candidate is cut at the first of the ``stop`` strings (finish_reason "stop") before anything
+        scores it."""
         with self._backend_slots:
             with self._count_lock:
                 self.backend_calls += 1
             out = self.generator.generate(messages, k, max_new_tokens=max_tokens or self.cfg.generator.max_new_tokens,
                                           temperature=temperature or self.cfg.generator.temperature)
+        if stop:
+            out = [g if not cut else dataclasses.replace(g, text=text, finish_reason="stop")
+                   for g, (text, cut) in ((g, cut_at_stop(g.text, stop)) for g in out)]
         if usage is not None:
             usage["completion_tokens"] += sum(max(g.n_tokens, 0) for g in out)
             if not usage["prompt_tokens"] and out and out[0].prompt_tokens:
@@ -546,7 +546,7 @@ class Service:
         """
         n = o["n"]
         if o["mechanism"] == "privbon":
-            first = self._generate(messages, n, max_tokens, temperature, usage)
+            first = self._generate(messages, n, max_tokens, temperature, usage, o["stop"])
             r1 = self._scores(messages, [g.text for g in first])
             sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range,
                             noise=self.cfg.mechanism.privbon_noise)
@@ -561,7 +561,7 @@ class Service:
             chunk completes Phase 2), scored in one reward call; returns the Phase-1 scores."""
             nonlocal generated, fallback
             last = len(phase2) + k2 == n
-            gens = self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage)
+            gens = self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage, o["stop"])
             generated += len(gens)
             if last:
                 fallback = gens[k1 + k2]  # never scored

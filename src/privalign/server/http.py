@@ -20,16 +20,18 @@ from starlette.concurrency import run_in_threadpool
 
 from .app import ApiError, Service, shown
 from .config import ServiceConfig
+from .openai_params import check_params, check_roles
 
 access = logging.getLogger("privalign.access")
 
 
 class AccessLog:
     """ASGI middleware: one line per request on the ``privalign.access`` logger (stderr unless a
-    logging config says otherwise): method, path, status, latency, request id, tenant, budget and
-    epsilon charged. Routes put the last four in ``request.state``; values not known yet (a refusal
-    before the ledger) are ``-``. The event loop only appends a tuple to a queue; a writer thread
-    makes the log record and writes it, so logging never blocks (or slows) request handling."""
+    logging config says otherwise): method, path, status, latency, request id, tenant, budget,
+    epsilon charged and the request's OpenAI ``user``. Routes put the last five in ``request.state``;
+    values not known yet (a refusal before the ledger) are ``-``. The event loop only appends a
+    tuple to a queue; a writer thread makes the log record and writes it, so logging never blocks
+    (or slows) request handling."""
 
     def __init__(self, app):
         self.app = app
@@ -53,7 +55,7 @@ class AccessLog:
             st = scope.get("state") or {}
             self.queue.put_nowait((scope["method"], scope["path"], status[0], 1000 * (time.perf_counter() - t0),
                                    st.get("request_id", "-"), st.get("tenant", "-"), st.get("budget", "-"),
-                                   st.get("epsilon", "-")))
+                                   st.get("epsilon", "-"), st.get("user", "-")))
 
     def _write(self):
         while True:
@@ -69,7 +71,7 @@ class AccessLog:
 
     @staticmethod
     def _log(fields):
-        access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s", *fields)
+        access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s user=%s", *fields)
 
 
 def _access_to_stderr():
@@ -149,12 +151,20 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if opts is not None and not (isinstance(opts, dict) and isinstance(opts.get("include_usage", False), bool)):
             raise ApiError(400, "invalid_request", "stream_options must be {\"include_usage\": true|false}")
 
-    async def answer(request: Request, body: dict, messages, tenant) -> dict:
-        """Validate and answer in a worker thread; the access log learns who and what."""
+    async def answer(request: Request, body: dict, messages, tenant, endpoint: str) -> dict:
+        """Validate (every OpenAI parameter: ``openai_params``) and answer in a worker thread; the
+        access log learns who and what."""
         request.state.tenant = tenant or "admin"
         check_openai(body)
-        out = await run_in_threadpool(svc.answer, messages, body.get("privalign"), tenant, body.get("max_tokens"),
-                                      body.get("temperature"))
+        params = check_params(body, endpoint, cfg.token_cap, cfg.max_n)
+        if endpoint == "chat":
+            check_roles(messages)
+        request.state.user = params.user if params.user is not None else "-"
+        ext = body.get("privalign")
+        if params.candidates is not None:  # best_of: the number of candidates, as privalign.n
+            ext = {**(ext or {}), "n": params.candidates}
+        out = await run_in_threadpool(svc.answer, messages, ext, tenant, params.max_tokens, params.temperature,
+                                      params.stop)
         p = out["privalign"]
         request.state.request_id, request.state.budget = p["request_id"], p["budget"]
         request.state.epsilon = repr(p["epsilon_charged"])
@@ -202,7 +212,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     async def chat(request: Request):
         _, tenant = svc.caller(key_of(request))  # 401 before the body is read
         body = await body_of(request)
-        out = await answer(request, body, body.get("messages"), tenant)
+        out = await answer(request, body, body.get("messages"), tenant, "chat")
         if body.get("stream"):
             return stream_reply(out, body, "chat.completion")
         return reply(out, body, "chat.completion", {"message": {"role": "assistant", "content": out["text"]}})
@@ -213,7 +223,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise ApiError(400, "invalid_request", "prompt must be a string")
-        out = await answer(request, body, [{"role": "user", "content": prompt}], tenant)
+        out = await answer(request, body, [{"role": "user", "content": prompt}], tenant, "completions")
         if body.get("stream"):
             return stream_reply(out, body, "text_completion")
         return reply(out, body, "text_completion", {"text": out["text"]})
