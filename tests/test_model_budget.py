@@ -37,7 +37,12 @@ def test_every_query_is_charged_to_its_tenant_and_the_model_budget_atomically(tm
             refusal = e
             break
     assert answered == {"a": 3, "b": 3}  # 6 x 0.5 = the model budget's 3, though each tenant has 10
-    assert refusal.status == 429 and refusal.extra["budget"] == "model" and "'model'" in refusal.message
+    # a tenant is told the deployment's limit is reached, never the model budget's name or balance
+    assert refusal.status == 429 and refusal.extra["budget"] in ("a", "b") and "'model'" not in refusal.message
+    assert "epsilon_remaining" not in refusal.extra and "rho_remaining" not in refusal.extra
+    with pytest.raises(ApiError) as admin:  # an admin sees which budget refused, and what it has left
+        svc.answer(ASK[0], {**ASK[1], "budget": "a"}, None)
+    assert admin.value.extra["budget"] == "model" and "epsilon_remaining" in admin.value.extra
     led = svc.ledger
     a, b, m = led.budget("a"), led.budget("b"), led.budget("model")
     assert (a.queries, b.queries, m.queries) == (3, 3, 6) and m.spent.epsilon == pytest.approx(3.0)

@@ -383,7 +383,7 @@ class Service:
             raise ApiError(400, "invalid_request", f"temperature must lie in (0, 2] (the candidates are samples of "
                                                    f"the policy), got {temperature!r}")
         o = self.options(ext, tenant)
-        o["stop"] = tuple(stop)
+        o["stop"], o["tenant"] = tuple(stop), tenant
         slot = self._slots.setdefault(tenant, threading.BoundedSemaphore(self.cfg.max_inflight_per_tenant))
         if not slot.acquire(blocking=False):
             raise ApiError(429, "too_many_requests", f"this tenant already has {self.cfg.max_inflight_per_tenant} "
@@ -410,6 +410,10 @@ class Service:
             rid = self.ledger.reserve_all(names, request_id=request_id, event=o["event"])  # all or none
         except BudgetExhausted as e:
             self.m_refusals.labels(o["budget"]).inc()
+            if e.name == self.model_budget and o["tenant"] is not None:  # only admins see the model budget
+                raise ApiError(429, "budget_exhausted", "the deployment's limit on the reward model's data cannot "
+                                                        "cover this query (nothing was charged); ask the operator",
+                               budget=o["budget"], epsilon_max=o["epsilon_max"]) from None
             extra = {} if e.rho is None else {"rho": e.rho, "rho_remaining": e.remaining_rho}
             raise ApiError(429, "budget_exhausted", str(e), budget=e.name, epsilon_max=o["epsilon_max"],
                            epsilon_remaining=e.remaining.epsilon, **extra) from None

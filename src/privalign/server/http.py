@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from .app import ApiError, Service, shown
+from .admin import budget_update
 from .config import ServiceConfig
 from .openai_params import check_params, check_roles
 
@@ -258,10 +259,18 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if role != "admin":
             raise ApiError(403, "forbidden", "only an admin key can create or raise a budget")
         body = await body_of(request)
-        try:  # the ledger transaction runs in a worker thread, off the event loop
-            b = await run_in_threadpool(svc.ledger.set_budget, name, float(body.get("epsilon_total", 0)),
-                                        float(body.get("delta_total", 0.0)), body.get("composition", "fsrc"),
-                                        body.get("tenant"))
+
+        def update():  # the ledger transactions run in a worker thread, off the event loop
+            from ..ledger import UnknownBudget
+
+            try:
+                current = svc.ledger.budget(name)
+            except UnknownBudget:
+                current = None
+            return svc.ledger.set_budget(name, **budget_update(name, body, current))
+
+        try:
+            b = await run_in_threadpool(update)
         except (TypeError, ValueError) as e:
             raise ApiError(400, "invalid_request", str(e)) from None
         return shown_budget(b)
