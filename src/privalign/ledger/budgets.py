@@ -316,6 +316,25 @@ class Ledger(Store):
         out["zcdp"]["derived_rho"] = derived
         return {"budget": state.as_dict(), "accounts": out}
 
+    def events(self, name: str, request_id: str | None = None, since: float | None = None,
+               until: float | None = None) -> list[dict]:
+        """A budget's recorded events, oldest first (reservations, settlements, recoveries), each as
+        a dict: id, kind, request_id, time (epoch seconds), epsilon charged, delta, epsilon_max, rho,
+        mechanism, realised epsilon; only those of ``request_id`` and within [since, until] if given.
+        Raises ``UnknownBudget`` for a budget the ledger does not hold."""
+        self.budget(name)
+        sql, args = ("SELECT id, kind, request_id, created, epsilon, delta, epsilon_max, rho, mechanism, realised, "
+                     "reservation FROM events WHERE budget = ?"), [name]
+        for clause, value in (("request_id = ?", request_id), ("created >= ?", since), ("created <= ?", until)):
+            if value is not None:
+                sql += f" AND {clause}"
+                args.append(value)
+        cur = self._conn().cursor()
+        cur.execute(self._q(sql + " ORDER BY id"), tuple(args))
+        keys = ("id", "kind", "request_id", "time", "epsilon", "delta", "epsilon_max", "rho", "mechanism", "realised",
+                "reservation")
+        return [dict(zip(keys, row)) for row in cur.fetchall()]
+
     def check(self) -> list[str]:
         """Recompute every budget from its events; return the inconsistencies found (none: [])."""
         problems = []
