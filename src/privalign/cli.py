@@ -713,14 +713,21 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         _fail(f"invalid config {config}: {config_error_message(e)}")
     except Exception as e:
         _fail(f"invalid config {config}: {e}")
-    keys = "from " + str(config) if config else "generated for this run (no config file): pass --config to fix them"
+    sock = _bind(host, port)  # before any model loads and before the ledger (or its folder) is created
+    from .server.config import prepare_ledger
+
+    try:
+        prepare_ledger(cfg.ledger)
+    except ValueError as e:
+        _fail(str(e))
+    keys = "from " + str(config.resolve()) if config else "generated for this run (no config file): pass --config to fix them"
     console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
                   f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}"
                   + (" (short answers: raise [generator] max_new_tokens for longer ones); " if cfg.token_cap <= 16
                      else "; ")
                   + f"requests name the model {cfg.served_model_name!r}"
                   + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
-                  f"  reward: {cfg.reward.kind} {cfg.reward.path or ''}\n"
+                  f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}\n"
                   f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
                   f"  ledger: {cfg.ledger}\n"
                   + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.epsilon_total:g}, delta "
@@ -738,6 +745,7 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap} on an embedded model without a GPU: "
                       f"a request of n = {cfg.mechanism.n} can take minutes (docs/deploy.md, latency on a CPU)")
     if workers > 1:
+        sock.close()  # uvicorn's workers bind it themselves
         os.environ["PRIVALIGN_CONFIG"] = str(config) if config else ""
         if not config:
             os.environ["PRIVALIGN_GENERATED_KEYS"] = json.dumps(
@@ -746,7 +754,28 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
     else:
         from .server.http import create_app
 
-        uvicorn.run(create_app(cfg), host=host, port=port, **UVICORN)
+        try:
+            web = create_app(cfg)
+        except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
+            _fail(f"cannot start: {e}")
+        uvicorn.Server(uvicorn.Config(web, host=host, port=port, **UVICORN)).run(sockets=[sock])
+
+
+def _bind(host: str, port: int):
+    """The listening socket, bound now: a port in use is a one-line error before anything loads."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        _fail(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e}); is another server running there? "
+              "(nothing was loaded or created)")
+    sock.set_inheritable(True)
+    return sock
 
 
 # uvicorn's own access log is off (the service writes its own, with tenant, budget and epsilon), and

@@ -1,7 +1,7 @@
 """Service configuration (TOML), validated with pydantic.
 
 ```toml
-ledger = "privalign-ledger.db"          # SQLite path, or a postgresql:// URL for several replicas
+ledger = "privalign-ledger.db"          # SQLite path (relative: to this file's folder), or a postgresql:// URL
 admin_keys = ["change-me-admin"]           # without a config file, random keys are generated and printed
 max_n = 64
 max_prompt_chars = 4000
@@ -53,6 +53,7 @@ composition = "fsrc"
 
 from __future__ import annotations
 
+import os
 import secrets
 import tomllib
 from pathlib import Path
@@ -279,13 +280,49 @@ def resolve_model_path(path: str, config_dir: Path | None) -> str:
     raise ValueError(f"reward.path: no file {path!r} (looked in {', '.join(str(t.parent) for t in tried)})")
 
 
+def is_url(ledger: str) -> bool:
+    return ledger.startswith(("postgresql://", "postgres://"))
+
+
+def resolve_ledger_path(ledger: str, config_dir: Path | None) -> str:
+    """A SQLite ledger path as an absolute path: relative paths are relative to the config file's
+    folder (the working directory without a config file), like every path in a config. URLs are kept."""
+    if is_url(ledger):
+        return ledger
+    p = Path(ledger).expanduser()
+    return str(p if p.is_absolute() else (config_dir or Path.cwd()) / p)
+
+
+def prepare_ledger(ledger: str) -> None:
+    """Make sure a SQLite ledger can be opened: its folder is created if missing; a ValueError names
+    the path and why not otherwise (one line, before the service opens anything)."""
+    if is_url(ledger):
+        return
+    path = Path(ledger)
+    if path.is_dir():
+        raise ValueError(f"ledger: {path} is a folder; name a file in it, e.g. {path / 'privalign-ledger.db'}")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({e.strerror or type(e).__name__})") \
+            from None
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
+        raise ValueError(f"ledger: {path if path.exists() else folder} is not writable by this user")
+
+
 def load_config(path: str | Path | None) -> ServiceConfig:
-    """Read and check a TOML config; reward model files are found (``resolve_model_path``) and
-    checked here, before the service creates anything."""
+    """Read and check a TOML config. Every path in it is resolved relative to the config file's
+    folder: the ledger (made absolute), and reward model files (``resolve_model_path``, which also
+    looks in the working directory and privalign's shipped data). Nothing is created here."""
     if path is None:
-        return ServiceConfig()
+        cfg = ServiceConfig()
+        cfg.ledger = resolve_ledger_path(cfg.ledger, None)
+        return cfg
     with open(path, "rb") as fh:
         cfg = ServiceConfig.model_validate(tomllib.load(fh))
+    config_dir = Path(path).resolve().parent
+    cfg.ledger = resolve_ledger_path(cfg.ledger, config_dir)
     if cfg.reward.kind in ("minilm-bt", "policy-bt") and cfg.reward.path:
-        cfg.reward.path = resolve_model_path(cfg.reward.path, Path(path).resolve().parent)
+        cfg.reward.path = resolve_model_path(cfg.reward.path, config_dir)
     return cfg
