@@ -75,7 +75,9 @@ def test_the_range_release_is_charged_once_and_the_guarantee_without_a_model_bud
 
 @pytest.mark.skipif(not os.environ.get("PRIVALIGN_TEST_POSTGRES"), reason="needs PRIVALIGN_TEST_POSTGRES")
 def test_two_replicas_on_postgres_share_the_model_budget():
-    url = os.environ["PRIVALIGN_TEST_POSTGRES"]
+    from .test_ledger_truth import fresh_postgres
+
+    url = fresh_postgres()  # one ledger, one deployment: its model budget is recorded once
     suffix = "-" + uuid.uuid4().hex[:8]
     replicas = [Service(config(url, 5.0, "zcdp", suffix), generator=StubGenerator()) for _ in range(2)]
     answered, refused = [], []
@@ -102,7 +104,8 @@ def test_two_replicas_on_postgres_share_the_model_budget():
     rho_each = 0.5 ** 2 / 8
     assert len(answered) == m.queries
     assert m.spent_rho <= m.rho_total and m.spent_rho == pytest.approx(len(answered) * rho_each)
-    assert len(answered) == int(m.rho_total / rho_each + 1e-9) and set(refused) == {"model" + suffix}
+    # refused by the model budget, which a tenant is not shown: each refusal names the tenant's own budget
+    assert len(answered) == int(m.rho_total / rho_each + 1e-9) and set(refused) <= {"a" + suffix, "b" + suffix}
     a, b = led.budget("a" + suffix), led.budget("b" + suffix)
     assert a.queries + b.queries == len(answered) and led.check() == []
     for s in replicas:

@@ -238,7 +238,7 @@ def test_concurrent_clients_never_overspend(tmp_path, backend):
         import psycopg
 
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS events, budgets")
+            conn.execute("DROP TABLE IF EXISTS events, budgets, settings")
     srv = Server(tmp_path, STUB.format(total=20.0), ledger_url=url)
     srv.start()
     answered, lock = [], threading.Lock()

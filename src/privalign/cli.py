@@ -718,6 +718,7 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
 
     try:
         prepare_ledger(cfg.ledger)
+        budgets, model, notes = _ledger_settings(cfg)
     except ValueError as e:
         _fail(str(e))
     keys = "from " + str(config.resolve()) if config else "generated for this run (no config file): pass --config to fix them"
@@ -730,14 +731,15 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
                   f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}\n"
                   f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
                   f"  ledger: {cfg.ledger}\n"
-                  + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.epsilon_total:g}, delta "
-                            f"{b.delta_total:g}, {b.composition}\n" for b in cfg.budgets)
-                  + (f"  model budget {cfg.model_budget.name!r}: epsilon {cfg.model_budget.epsilon_total:g}, delta "
-                     f"{cfg.model_budget.delta_total:g}, {cfg.model_budget.composition}: every query of every tenant "
-                     f"is charged here; a person in the reward model's data gets this guarantee\n"
-                     if cfg.model_budget else
+                  + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.total.epsilon:g}, delta "
+                            f"{b.total.delta:g}, {b.composition}; spent {b.spent_privacy.epsilon:g}\n" for b in budgets)
+                  + (f"  model budget {model.name!r}: epsilon {model.total.epsilon:g}, delta {model.total.delta:g}, "
+                     f"{model.composition}; spent {model.spent_privacy.epsilon:g}: every query of every tenant is "
+                     f"charged here; a person in the reward model's data gets this guarantee\n"
+                     if model else
                      f"  no model budget: a person in the reward model's data gets only the sum over all budgets "
-                     f"(epsilon {sum(b.epsilon_total for b in cfg.budgets):g} now, more with each budget created)\n")
+                     f"(epsilon {sum(b.total.epsilon for b in budgets):g} now, more with each budget created)\n")
+                  + "".join(f"  note: {n}\n" for n in notes)
                   + f"  keys {keys}")
     if not config:
         console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")
@@ -759,6 +761,25 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
             _fail(f"cannot start: {e}")
         uvicorn.Server(uvicorn.Config(web, host=host, port=port, **UVICORN)).run(sockets=[sock])
+
+
+def _ledger_settings(cfg):
+    """(tenant budgets, the model budget or None, notes) as the ledger holds them once this config is
+    applied (``server.deployment.configure``): the banner shows the ledger, not the config."""
+    from .ledger import Ledger
+    from .server.deployment import configure
+
+    try:
+        led = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
+    except Exception as e:
+        raise ValueError(f"ledger: cannot open {cfg.ledger} ({type(e).__name__}: {e})") from None
+    try:
+        d = configure(led, cfg)
+        states = led.budgets()
+    finally:
+        led.close()
+    model = next((b for b in states if b.name == d.model_budget), None)
+    return [b for b in states if b.name != d.model_budget], model, d.notes
 
 
 def _bind(host: str, port: int):

@@ -4,6 +4,7 @@ the two-step charge, the append-only record and recovery."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -87,6 +88,23 @@ class Ledger(Store):
             cur.execute(self._q("UPDATE budgets SET epsilon_total = ?, delta_total = ?, composition = ?, rho_total = ? "
                                 "WHERE name = ?"), (epsilon_total, delta_total, composition, rho_total, name))
             return self._lock(cur, name)
+
+    # ------------------------------------------------------------------ deployment settings
+    def setting(self, key: str):
+        """A deployment setting recorded in the ledger (JSON), or None when none is."""
+        cur = self._conn().cursor()
+        cur.execute(self._q("SELECT value FROM settings WHERE key = ?"), (key,))
+        row = cur.fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def settle_setting(self, key: str, value):
+        """Record ``value`` (JSON) under ``key`` unless a value is already recorded; return the
+        recorded one. The first process to configure a deployment decides; every later one reads."""
+        with self._tx() as cur:
+            cur.execute(self._q("INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"),
+                        (key, json.dumps(value, sort_keys=True)))
+            cur.execute(self._q("SELECT value FROM settings WHERE key = ?"), (key,))
+            return json.loads(cur.fetchone()[0])
 
     def budget(self, name: str) -> BudgetState:
         cur = self._conn().cursor()

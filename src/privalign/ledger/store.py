@@ -29,6 +29,8 @@ SCHEMA = [
     "CREATE UNIQUE INDEX IF NOT EXISTS events_one_settlement ON events (reservation)",
     "CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, heartbeat DOUBLE PRECISION NOT NULL)",
     "CREATE INDEX IF NOT EXISTS events_budget ON events (budget, kind)",
+    # a deployment's settings, recorded once by the first process to configure it (``Ledger.settle_setting``)
+    "CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
 
 # columns added after the first release: (table, column, type); ``Ledger`` adds any that an existing

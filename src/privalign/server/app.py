@@ -34,6 +34,7 @@ from ..backends.base import BackendError
 from ..ledger import BudgetExhausted, Ledger, UnknownBudget
 from ..rewards import RewardModel, score_checked
 from .config import ServiceConfig
+from .deployment import configure
 from .errors import ApiError
 from .openai_params import cut_at_stop
 
@@ -130,6 +131,12 @@ def _fingerprint(model) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+ZCDP_NOTE = ("zcdp: epsilon_charged is this query's epsilon alone; the budget is charged its rho_charged, and "
+             "budget_remaining.epsilon is epsilon_total less the (epsilon, delta_total) conversion of all the rho spent "
+             "and reserved so far, which grows like the square root of that sum: early queries lower it by more than "
+             "their own epsilon, later ones by less (docs/accounting.md)")
+
+
 def shown(x: float) -> float:
     """A privacy amount for display: 12 significant digits, so 1 - 1e-16 reads 1.0. The ledger keeps
     (and admits and charges with) the exact values; only responses are rounded."""
@@ -140,6 +147,34 @@ def shown(x: float) -> float:
 def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> A.PrivacyEvent:
     """PrivITP's event (worst case, delta, rho), cached: the worst case takes milliseconds to compute."""
     return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
+
+
+class LedgerCollector:
+    """Prometheus gauges read from the ledger at each scrape, so /metrics says exactly what
+    /v1/budgets says, whichever replica charged: per budget its epsilon and delta total, spent,
+    reserved and remaining, and under zcdp its rho."""
+
+    FIELDS = ("epsilon_total", "epsilon_spent", "epsilon_reserved", "epsilon_remaining", "delta_total",
+              "delta_spent", "delta_remaining", "rho_total", "rho_spent", "rho_reserved", "rho_remaining")
+
+    def __init__(self, ledger: Ledger):
+        self.ledger = ledger
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        families = {f: GaugeMetricFamily(f"privalign_budget_{f}", f"the budget's {f.replace('_', ' ')} (ledger)",
+                                         labels=["budget"]) for f in self.FIELDS}
+        try:
+            states = self.ledger.budgets()
+        except Exception:  # the ledger is failing: no gauges this scrape (the request counters still answer)
+            states = []
+        for b in states:
+            d = b.as_dict()
+            for f, family in families.items():
+                if d.get(f) is not None:
+                    family.add_metric([b.name], float(d[f]))
+        yield from families.values()
 
 
 class Service:
@@ -154,30 +189,21 @@ class Service:
         self._pending: set[int] = set()  # reservations whose worst-case settlement failed: retried
         self._pending_lock = threading.Lock()
         threading.Thread(target=self._keepalive, daemon=True).start()
-        for b in cfg.budgets:
-            try:
-                self.ledger.budget(b.name)
-            except UnknownBudget:
-                self.ledger.set_budget(b.name, b.epsilon_total, b.delta_total, b.composition, b.tenant)
+        self.deployment = configure(self.ledger, cfg)  # the ledger's settings win over this config's
         self.generator = generator or build_generator(cfg)
         self.reward = reward or build_reward(cfg)
-        self.model_budget = None
+        self.model_budget = self.deployment.model_budget
         self.release_charged = False
-        mb = cfg.model_budget
-        if mb is not None:
-            try:
-                self.ledger.budget(mb.name)
-            except UnknownBudget:
-                self.ledger.set_budget(mb.name, mb.epsilon_total, mb.delta_total, mb.composition, None)
-            self.model_budget = mb.name
+        if self.model_budget is not None:
             release = float(getattr(self.reward, "range_epsilon", 0.0) or 0.0)
             if release > 0:  # the one-time private range release, charged once per model
                 try:
                     self.release_charged = self.ledger.charge_once(
-                        mb.name, f"range-release:{_fingerprint(self.reward)}", A.pure_event(release, "range-release"))
+                        self.model_budget, f"range-release:{_fingerprint(self.reward)}",
+                        A.pure_event(release, "range-release"))
                 except BudgetExhausted as e:
-                    raise ValueError(f"the model budget {mb.name!r} cannot cover the reward model's one-time range "
-                                     f"release (epsilon {release:g}): {e}") from None
+                    raise ValueError(f"the model budget {self.model_budget!r} cannot cover the reward model's one-time "
+                                     f"range release (epsilon {release:g}): {e}") from None
         lo, hi = self.reward.output_range
         if not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError("the reward model needs a finite declared output_range in the config")
@@ -266,7 +292,11 @@ class Service:
         self.m_queries = Counter("privalign_queries", "answered queries", ["budget", "mechanism"], registry=self.registry)
         self.m_refusals = Counter("privalign_refusals", "queries refused for lack of budget", ["budget"],
                                   registry=self.registry)
-        self.m_epsilon = Counter("privalign_epsilon_spent", "epsilon charged", ["budget"], registry=self.registry)
+        # the sum of answered queries' epsilon_charged; what a budget has spent (under zcdp the conversion
+        # of its rho, not this sum) is privalign_budget_epsilon_spent, read from the ledger at each scrape
+        self.m_epsilon = Counter("privalign_epsilon_charged", "sum of answered queries' epsilon_charged (this "
+                                 "process)", ["budget"], registry=self.registry)
+        self.registry.register(LedgerCollector(self.ledger))
         self.m_candidates = Counter("privalign_candidates_generated", "candidates generated", registry=self.registry)
         self.m_latency = Histogram("privalign_request_seconds", "latency of answered queries", registry=self.registry,
                                    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30))
@@ -348,11 +378,11 @@ class Service:
             raise ApiError(400, "invalid_request", "this setting's worst-case epsilon is unbounded (the noise is too "
                                                    "small to account for); use more noise", epsilon_max="inf")
         budget = ext.get("budget")
-        if budget is None:
-            mine = [b.name for b in self.cfg.budgets if tenant is None or b.tenant == tenant]
-            if not mine:
+        if budget is None:  # the tenant's default, as recorded in the ledger (deployment.py)
+            budget = (self.deployment.tenant_budget.get(tenant) if tenant is not None else
+                      next(iter(self.deployment.tenant_budget.values()), None))
+            if budget is None:
                 raise ApiError(403, "forbidden", "no budget is configured for this client's tenant")
-            budget = mine[0]
         if budget == self.model_budget:
             raise ApiError(400, "invalid_request", f"{budget!r} is the model budget: every query is charged to it "
                                                    "beside its tenant's budget; name a tenant budget")
@@ -463,7 +493,8 @@ class Service:
             "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
             "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
             "rho": None if o["event"].rho is None else shown(o["event"].rho),
-            **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"]))} if state.zcdp else {}),
+            **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"])), "accounting": ZCDP_NOTE}
+               if state.zcdp else {}),
             "composition": state.composition, "budget": o["budget"],
             "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
                                  **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
