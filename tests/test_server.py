@@ -827,11 +827,8 @@ def test_openai_backend_does_not_retry_what_the_server_marks_final(tmp_path):
     srv = Server(tmp_path, STUB.format(total=0.6))
     srv.start()
     try:
-        # privalign refuses seed and logprobs (docs/deploy.md, compatibility table): the backend's own
-        # are overridden to the values that ask for nothing
         gen = OpenAIGenerator(srv.url, "stub", api_key=CLIENT, backoff=0.01,
-                              extra_body={"privalign": {"mechanism": "privbon", "n": 2, "epsilon": 0.5},
-                                          "seed": None, "logprobs": False})
+                              extra_body={"privalign": {"mechanism": "privbon", "n": 2, "epsilon": 0.5}})
         assert len(gen.generate([{"role": "user", "content": "hi"}], 1, max_new_tokens=4)) == 1
         with pytest.raises(BackendError, match="budget_exhausted") as info:
             gen.generate([{"role": "user", "content": "hi"}], 1, max_new_tokens=4)

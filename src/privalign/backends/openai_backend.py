@@ -98,6 +98,7 @@ class OpenAIGenerator:
         self._n_cap: int | None = None  # learned: the most choices this server returns per call
         self.calls = 0  # HTTP calls made (retries included), for diagnostics and tests
         self._count_lock = threading.Lock()
+        self._unsupported: set[str] = set()  # OPTIONAL fields this server refused
         # connections: every concurrent service call may split into several concurrent sub-calls
         conns = max(self.max_concurrency, 8)
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
@@ -136,6 +137,10 @@ class OpenAIGenerator:
                     except ValueError as e:
                         raise BackendError(f"{self.base_url}{path} answered non-JSON: {r.text[:200]!r}") from e
                 error = f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}"
+                dropped = self._refused_optional(r, body)
+                if dropped:  # a server that refuses seed or logprobs (privalign itself does): ask without them
+                    body = {k: v for k, v in body.items() if k != dropped}
+                    continue
                 # a 4xx other than 429 will not get better, nor anything the server marks final
                 # (privalign's own budget_exhausted 429 says x-should-retry: false, as OpenAI's do)
                 if r.status_code not in RETRY_STATUS or r.headers.get("x-should-retry") == "false":
@@ -148,10 +153,28 @@ class OpenAIGenerator:
             time.sleep(min(wait, self.max_backoff))
             attempt += 1
 
+    OPTIONAL = ("seed", "logprobs")  # asked for when the server has them; dropped once it refuses them
+
+    def _refused_optional(self, r, body: dict) -> str | None:
+        """The optional field (``OPTIONAL``, not set by extra_body) that a 400 answer names as refused
+        (OpenAI's ``error.param``), remembered so later calls leave it out; else None."""
+        if r.status_code != 400:
+            return None
+        try:
+            param = (r.json().get("error") or {}).get("param")
+        except (ValueError, AttributeError):
+            return None
+        if param in self.OPTIONAL and param in body and param not in self.extra_body:
+            self._unsupported.add(param)
+            return param
+        return None
+
     def _call(self, messages, k: int, max_new_tokens: int, temperature: float, seed: int) -> list[Generation]:
         """One request asking for k choices; returns what the server gave (possibly fewer)."""
         body = {"model": self.model, "n": k, "max_tokens": max_new_tokens, "temperature": temperature,
                 "seed": seed % (2**31), "logprobs": True, **self.extra_body}
+        for key in self._unsupported - set(self.extra_body):
+            body.pop(key, None)
         if self.chat:
             res = self._post("/v1/chat/completions", {**body, "messages": messages})
         else:
