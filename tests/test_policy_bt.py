@@ -101,21 +101,56 @@ def test_the_choice_of_settings_never_reads_d():
 
 
 def test_a_smaller_deployment_keeps_fewer_people_and_pays_in_sensitivity():
-    """``max_pairs`` (issue 20's reward models of several strengths): D is a seeded subset of m
-    people, the certificate is for that m, the rerun procedure reproduces it, and the selection on
-    validation prompts is unchanged in what it reads (only Delta_r, through m, enters its score)."""
+    """``max_persons`` (reward models of several strengths): D is a seeded subset of P people, the
+    certificate is for that P (Delta_r = 4k/(P k lambda)), the rerun procedure reproduces it, and
+    the legacy ``max_pairs`` is refused under the person unit."""
     pid, y, raw = synthetic_pool()
-    kw = dict(lambdas=(0.1, 1.0), components=(4,), seed=0, range_epsilon=0.0)
+    kw = dict(lambdas=(0.1, 1.0), components=(4,), seed=0, range_epsilon=0.0, pairs_per_person=4)
     full, _ = train_policy_bt(raw, pid, y, **kw)
-    small, _ = train_policy_bt(raw, pid, y, max_pairs=40, **kw)
+    small, _ = train_policy_bt(raw, pid, y, max_persons=10, **kw)
+    assert small.meta["persons"] == 10 < full.meta["persons"]
     assert small.m == 40 < full.m
-    assert small.sensitivity == pytest.approx(4 / (40 * small.lam) + 2e-9 / small.lam)
-    assert small.sensitivity > full.sensitivity * full.m / 40 * full.lam / small.lam * 0.99
-    assert model_procedure(small)["max_pairs"] == 40
+    assert small.sensitivity == pytest.approx(4 * 4 / (40 * small.lam) + 2e-9 / small.lam)
+    assert model_procedure(small)["max_persons"] == 10
     assert np.allclose(retrain(small, raw, pid, y).w, small.w)  # the recorded procedure reruns it
     assert max(r["weight_change"] for r in check_sensitivity(small, raw, pid, y, trials=6, seed=1)) <= small.sensitivity
-    with pytest.raises(ValueError, match="max_pairs"):
-        train_policy_bt(raw, pid, y, max_pairs=0, **kw)
+    with pytest.raises(ValueError, match="max_persons"):
+        train_policy_bt(raw, pid, y, max_persons=0, **kw)
+    with pytest.raises(ValueError, match="max_pairs=40"):
+        train_policy_bt(raw, pid, y, max_pairs=40, **kw)
+
+
+def test_the_unit_of_privacy_is_a_person_with_at_most_k_pairs():
+    """Each fit prompt is one person; at most k of their pairs are kept (seeded, excess dropped and
+    counted); m = P k, so replacing all of one person's pairs moves w by at most Delta_r, and the
+    certificate states k and the adjacency in persons."""
+    from privalign.rewards.policy_bt import bound_per_person, train_procedure
+
+    person = np.array(list("aaaaabbc"))
+    keep = bound_per_person(person, 2, seed=0)
+    assert [int((person[keep] == p).sum()) for p in "abc"] == [2, 2, 1]
+    assert np.array_equal(keep, bound_per_person(person, 2, seed=0))  # seeded
+    pid, y, raw = synthetic_pool()
+    kw = dict(lambdas=(1.0,), components=(4,), seed=0, pairs_per_prompt=16)
+    t = train_procedure(raw, pid, y, pairs_per_person=3, **kw)
+    counts = np.unique(t.data.person, return_counts=True)[1]
+    assert counts.max() <= 3 and t.m == 3 * t.data.persons and t.data.dropped > 0
+    assert t.private["pairs_dropped_beyond_k"] == t.data.dropped
+    assert t.private["pairs"] + t.data.dropped == int(counts.sum()) + t.data.dropped
+    model, _ = train_policy_bt(raw, pid, y, pairs_per_person=3, range_epsilon=0.0, **kw)
+    g = model.guarantee()
+    assert "one person's preference pairs (at most k = 3" in g["adjacency"] and "P = " in g["adjacency"]
+    # the worst neighbour: one whole person replaced by k pairs of maximal norm along w
+    u = model.w / np.linalg.norm(model.w)
+    from privalign.rewards.policy_bt import replace_person
+
+    victim = str(t.data.person[0])
+    t2 = train_procedure(raw, pid, y, pairs_per_person=3,
+                         edit=lambda d: replace_person(d, t.data, victim, np.tile(-2 * u, (3, 1))), **kw)
+    moved = np.linalg.norm(t2.w - t.w)
+    assert moved <= model.sensitivity
+    # the pair unit's certificate (k = 1, m = pairs) would be exceeded by the same neighbour
+    assert moved > 4 / (t.private["pairs"] * model.lam)
 
 
 def test_the_served_file_holds_no_d_derived_diagnostics(tmp_path):
@@ -143,7 +178,8 @@ def test_the_served_file_holds_no_d_derived_diagnostics(tmp_path):
 
 def test_private_range_release_is_tight_and_keeps_the_certificate():
     pid, y, raw = synthetic_pool()
-    model, _ = train_policy_bt(raw, pid, y, lambdas=(1.0,), components=(4,), seed=0, range_epsilon=0.0)
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(1.0,), components=(4,), seed=0, range_epsilon=0.0,
+                               pairs_per_person=1, unit="pair")  # many pairs: a small Delta_r
     wide = model.output_range
     norm = float(np.linalg.norm(model.w))
     draws = [model.release_range(0.5, np.random.default_rng(s))[1] for s in range(400)]
@@ -174,7 +210,7 @@ def test_cli_train_and_check_sensitivity(tmp_path):
                               "--lam", "0.03,0.3", "--components", "4", "--out", str(tmp_path / "rm.json")])
     assert res.exit_code == 0, res.output
     out = " ".join(res.output.split())
-    for word in ("m = ", "k = 1", "lambda = ", "Delta_r = ", "selection AUC", "log-probability alone",
+    for word in ("m = P k = ", "k = 16", "persons", "beyond k dropped", "lambda = ", "Delta_r = ", "selection AUC", "log-probability alone",
                  "without reading D", "private"):
         assert word in out
     assert (tmp_path / "rm.private.json").exists()

@@ -29,7 +29,7 @@ from scipy import stats
 
 from . import accounting as A
 from . import mechanisms as M
-from .rewards.policy_bt import PolicyBTReward, retrain
+from .rewards.policy_bt import PolicyBTReward, replace_person, retrain
 
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -55,10 +55,8 @@ def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
     def with_canary(a, b):
         u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
 
-        def edit(d):
-            d2 = d.copy()
-            d2[:model.k] = 2 * u  # one person's k pairs replaced by the canary
-            return d2
+        def edit(d):  # one person's pairs replaced by k canary pairs
+            return replace_person(d, base.data, str(base.data.person[0]), np.tile(2 * u, (model.k, 1)))
 
         t = retrain(model, raw, prompt_ids, correct, edit)
         if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)

@@ -506,9 +506,14 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                           "from on validation prompts)"),
              components: str = typer.Option("8,16", help="policy: PCA sizes q to choose from"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
-             pairs_per_person: int = typer.Option(1, help="k: pairs one person contributes"),
-             max_pairs: Optional[int] = typer.Option(None, help="policy: keep a seeded random M of D's pairs (a "
-                                                               "smaller deployment: fewer people)"),
+             pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
+                                                                       "(policy: a person is a train prompt's grader, "
+                                                                       "default 16, the excess dropped; minilm: 1)"),
+             max_persons: Optional[int] = typer.Option(None, help="policy: keep a seeded random P of D's persons "
+                                                                  "(a smaller deployment)"),
+             release_epsilon: Optional[float] = typer.Option(None, help="policy: also release the head once with "
+                                                                        "Gaussian noise at this epsilon (rm release)"),
+             release_delta: float = typer.Option(1e-6, help="with --release-epsilon: its delta"),
              target_epsilon: float = typer.Option(1.0, help="policy: epsilon per query that the choice of "
                                                             "(q, lambda) optimises PrivBoN accuracy for"),
              range_epsilon: float = typer.Option(0.1, help="policy: one-time epsilon to release a tight output "
@@ -521,8 +526,14 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     _out_file(out, "model")
     _out_file(private_path(out), "model")
     if features == "policy":
-        return _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon,
-                                range_epsilon, seed, name or "policy-bt", out, max_pairs)
+        if release_epsilon is not None:
+            _check_release_args(release_epsilon, release_delta)
+            _out_file(released_path(out), "model")
+        model = _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person or 16,
+                                 target_epsilon, range_epsilon, seed, name or "policy-bt", out, max_persons)
+        if release_epsilon is not None:
+            _release(model, release_epsilon, release_delta, released_path(out))
+        return
     if features != "minilm":
         _fail(f"--features must be 'minilm' or 'policy', got {features!r}")
     from .rewards import EmbeddingBTReward
@@ -531,7 +542,7 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     try:
         lam_value = float(lam) if lam else 1e-2
         prompts, chosen, rejected = preference_pairs(task, limit, seed, data_dir)
-        model = EmbeddingBTReward.train(prompts, chosen, rejected, lam=lam_value, pairs_per_person=pairs_per_person,
+        model = EmbeddingBTReward.train(prompts, chosen, rejected, lam=lam_value, pairs_per_person=pairs_per_person or 1,
                                         name=name or "minilm-bt", meta={"task": task, "pairs": len(prompts), "seed": seed})
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
@@ -564,7 +575,7 @@ def _train_pool(pool: Optional[Path]):
 
 
 def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
-                     seed, name, out, max_pairs=None):
+                     seed, name, out, max_persons=None):
     from rich.table import Table
 
     from .rewards.policy_bt import train_policy_bt
@@ -576,7 +587,7 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
                                       lambdas=lambdas, components=parse_int_list(components),
                                       pairs_per_prompt=pairs_per_prompt, pairs_per_person=pairs_per_person,
                                       target_epsilon=target_epsilon, range_epsilon=range_epsilon, seed=seed,
-                                      name=name, max_pairs=max_pairs)
+                                      name=name, max_persons=max_persons)
     except ValueError as e:
         _fail(str(e))
     meta, lo_hi = model.meta, model.output_range
@@ -592,7 +603,9 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
     model.save(out)
     private = model.save_private(private_path(out))
     console.print(
-        f"wrote {out}: m = {model.m} pairs from {meta['fit_prompts']} prompts, k = {model.k} pair(s) per person, "
+        f"wrote {out}: P = {meta['persons']} persons (one per fit prompt) of at most k = {model.k} pairs each "
+        f"({model.private['pairs']} pairs kept, {model.private['pairs_dropped_beyond_k']} beyond k dropped), "
+        f"m = P k = {model.m}, "
         f"q = {meta['components']}, c = {meta['c']:g}, lambda = {model.lam:g}"
         f"{' (on the edge of its grid: ' + ', '.join(meta['on_grid_edge']) + ')' if meta['on_grid_edge'] else ''}, "
         f"chosen without reading D; certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
@@ -601,6 +614,60 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
         f"(log-probability alone {meta['selection_logprob_auc']:.3f}); keep the model file with the operator")
     console.print(f"wrote {private} (private, derived from D: the final head's validation AUC "
                   f"{model.private['val_auc']:.3f}, train pair accuracy {model.private['train_pair_accuracy']:.3f})")
+    return model
+
+
+def released_path(out: Path) -> Path:
+    """Where ``rm train --release-epsilon`` writes the released head: beside the model."""
+    return out.with_name(out.stem + ".released.json")
+
+
+def _check_release_args(epsilon: float, delta: float) -> None:
+
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        _fail(f"--epsilon must be positive and finite, got {epsilon!r}")
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        _fail(f"--delta must lie in (0, 1), got {delta!r}")
+
+
+def _release(model, epsilon: float, delta: float, out: Path) -> None:
+    from .rewards.release import release_head
+
+    try:
+        head = release_head(model, epsilon, delta)
+    except ValueError as e:
+        _fail(str(e))
+    head.save(out)
+    g = head.release
+    console.print(f"wrote {out}: {model.name} released once at (epsilon_w, delta_w) = ({g['epsilon']:g}, "
+                  f"{g['delta']:g}) for P = {g['persons']} persons, k = {g['pairs_per_person']}: w~ = w + "
+                  f"N(0, sigma^2 I), sigma = {g['sigma']:.4g} for L2 sensitivity Delta_r = {g['sensitivity']:.4g} "
+                  f"(||w|| = {np.linalg.norm(model.w):.4g}); every selection with it is free; this file may be "
+                  f"published")
+
+
+@rm_app.command("release")
+def rm_release(model: Path = typer.Argument(..., help="a certified policy-bt model (the operator's exact file)"),
+               epsilon: float = typer.Option(..., help="epsilon_w of the one-time release"),
+               delta: float = typer.Option(..., help="delta_w of the one-time release (below 1/P)"),
+               out: Path = typer.Option(..., help="the released head (JSON): publishable")):
+    """Release a certified head once with differential privacy: w~ = w + N(0, sigma^2 I).
+
+    sigma is the analytic Gaussian scale for the certificate's L2 sensitivity Delta_r at (epsilon_w,
+    delta_w), drawn from the secure generator. Every selection made with the released head (BoN, soft
+    BoN, any n, any number of queries) is post-processing and costs nothing more; serve it with
+    mechanism "bon" and the model budget is charged the release once."""
+    from .rewards.policy_bt import PolicyBTReward
+
+    _check_release_args(epsilon, delta)
+    _out_file(out, "model")
+    if out.expanduser().resolve() == model.expanduser().resolve():
+        _fail(f"--out {out} is the model itself; the exact weights must stay with the operator")
+    try:
+        m = PolicyBTReward.load(model)
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"{model}: {e}")
+    _release(m, epsilon, delta, out)
 
 
 @rm_app.command("check-sensitivity")

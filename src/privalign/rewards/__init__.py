@@ -4,9 +4,19 @@ from .base import CallableReward, HTTPReward, RewardModel, Scored, score_checked
 from .embedding_bt import CertifiedBT, EmbeddingBTReward, Embedder, certified_sensitivity
 
 
+def _file_kind(path: str) -> str | None:
+    import json
+    from pathlib import Path
+
+    try:
+        return json.loads(Path(path).read_text()).get("kind")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_reward(spec: str) -> RewardModel:
-    """``minilm-bt:PATH`` or ``policy-bt:PATH`` (trained certified heads), ``hf:PATH_OR_ID`` or
-    ``http:URL``."""
+    """``minilm-bt:PATH`` or ``policy-bt:PATH`` (trained certified heads, or a released head:
+    ``rm release``), ``hf:PATH_OR_ID`` or ``http:URL``."""
     kind, _, arg = spec.partition(":")
     if kind in ("minilm-bt", "policy-bt", "hf", "http") and not arg.strip():
         what = "URL" if kind == "http" else "PATH_OR_ID" if kind == "hf" else "PATH"
@@ -16,7 +26,10 @@ def load_reward(spec: str) -> RewardModel:
         return EmbeddingBTReward.load(arg)
     if kind == "policy-bt":
         from .policy_bt import PolicyBTReward
+        from .release import RELEASED_KIND, ReleasedHead
 
+        if _file_kind(arg) == RELEASED_KIND:
+            return ReleasedHead.load(arg)
         return PolicyBTReward.load(arg)
     if kind == "hf":
         from .hf import HFReward

@@ -68,13 +68,19 @@ def pair_text(prompt: str, response: str) -> str:
     return f"{prompt}\n{response}"
 
 
-def fit_bt(d: np.ndarray, lam: float, g_tol: float = 1e-9) -> tuple[np.ndarray, float]:
-    """Minimise F(w) to ||grad F|| <= g_tol; returns (w, achieved gradient norm)."""
-    m = d.shape[0]
+def fit_bt(d: np.ndarray, lam: float, g_tol: float = 1e-9, normalizer: int | None = None) -> tuple[np.ndarray, float]:
+    """Minimise F(w) = (1/N) sum_i log(1 + exp(-w . d_i)) + (lambda/2) ||w||^2 to ||grad F|| <= g_tol;
+    returns (w, achieved gradient norm). N is the number of pairs unless ``normalizer`` fixes it (the
+    person unit: N = P k for P persons of at most k pairs each, the same for D and every neighbour,
+    so that the certificate's 4k/(N lambda) holds however many pairs each person has; with fewer
+    than N pairs F(0) <= log 2 and ||grad L(0)|| <= 1 still hold)."""
+    m = d.shape[0] if normalizer is None else int(normalizer)
+    if m < d.shape[0]:
+        raise ValueError(f"normalizer must be at least the number of pairs {d.shape[0]}, got {normalizer!r}")
 
     def f_and_g(w):
         z = d @ w
-        loss = np.logaddexp(0.0, -z).mean() + 0.5 * lam * w @ w
+        loss = np.logaddexp(0.0, -z).sum() / m + 0.5 * lam * w @ w
         grad = -(special.expit(-z) @ d) / m + lam * w
         return loss, grad
 
@@ -114,10 +120,14 @@ class CertifiedBT(RewardModel):
         without reading D."""
         return "lambda given by the operator (not chosen on D)"
 
+    def adjacency(self) -> str:
+        """The neighbouring relation the certificate is for (``policy-bt`` states it in persons)."""
+        return (f"D and D' differ in one person's {self.k} preference pair(s), replaced by any others "
+                f"(m = {self.m} pairs either way)")
+
     def guarantee(self) -> dict:
         """What the certificate covers and what it costs, as recorded in the model file."""
-        return {"adjacency": f"D and D' differ in one person's {self.k} preference pair(s), replaced by any others "
-                             f"(m = {self.m} pairs either way)",
+        return {"adjacency": self.adjacency(),
                 "sensitivity": self.sensitivity, "hyperparameters": self.hyperparameters(),
                 "selection_epsilon": 0.0, "range_epsilon": self.range_epsilon,
                 "one_time_epsilon": self.range_epsilon,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,27 +94,10 @@ class FeatureMap:
         return cls(np.array(d["mu"]), np.array(d["components"]), np.array(d["scales"]), d["c"], d["lp_clip"])
 
 
-class PolicyBTReward(CertifiedBT):
-    """r(x, y) = w . phi(raw(x, y)). ``score_features`` scores recorded raw features; ``score``
-    recomputes them with the base model (loaded on first use) and the task's chat format."""
-
-    def __init__(self, w, lam: float, m: int, pairs_per_person: int, g_tol: float, feature_map: FeatureMap,
-                 base_model: str = "smollm2", task: str | None = None, name: str = "policy-bt",
-                 meta: dict | None = None, output_range: tuple[float, float] | None = None,
-                 range_epsilon: float = 0.0, private: dict | None = None):
-        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon, private)
-        self.feature_map, self.base_model, self.task = feature_map, base_model, task
-        self.name, self.meta = name, meta or {}
-        self._generator = None
-
-    def hyperparameters(self) -> str:
-        if "procedure" in self.meta:
-            return ("(q, c, lambda) chosen without reading D: candidate heads trained and scored on the curator's "
-                    "validation prompts only; the final head trained once on D with those fixed settings")
-        return "unknown: trained by privalign < 0.2, whose choice of (q, c, lambda) read D (not covered; retrain)"
-
-    def score_features(self, raw: np.ndarray) -> np.ndarray:
-        return self.feature_map(raw) @ self.w
+class PolicyScoring:
+    """Scoring through the policy's own features: ``score`` recomputes raw features of each response
+    by teacher forcing with the base model (loaded on first use) in the task's chat format, then
+    calls ``score_features``. Needs ``base_model``, ``task``, ``_generator`` and ``score_features``."""
 
     def _policy(self):
         if self._generator is None:
@@ -139,6 +123,43 @@ class PolicyBTReward(CertifiedBT):
             out[idx] = self.score_features(raw)
         return out
 
+
+class PolicyBTReward(PolicyScoring, CertifiedBT):
+    """r(x, y) = w . phi(raw(x, y)). ``score_features`` scores recorded raw features; ``score``
+    recomputes them with the base model (loaded on first use) and the task's chat format."""
+
+    def __init__(self, w, lam: float, m: int, pairs_per_person: int, g_tol: float, feature_map: FeatureMap,
+                 base_model: str = "smollm2", task: str | None = None, name: str = "policy-bt",
+                 meta: dict | None = None, output_range: tuple[float, float] | None = None,
+                 range_epsilon: float = 0.0, private: dict | None = None):
+        super().__init__(w, lam, m, pairs_per_person, g_tol, output_range, range_epsilon, private)
+        self.feature_map, self.base_model, self.task = feature_map, base_model, task
+        self.name, self.meta = name, meta or {}
+        self._generator = None
+
+    def hyperparameters(self) -> str:
+        if "procedure" in self.meta:
+            return ("(q, c, lambda) chosen without reading D: candidate heads trained and scored on the curator's "
+                    "validation prompts only; the final head trained once on D with those fixed settings")
+        return "unknown: trained by privalign < 0.2, whose choice of (q, c, lambda) read D (not covered; retrain)"
+
+    @property
+    def unit(self) -> str:
+        """The unit of privacy of the certificate: ``person`` (``PreferenceData``) or the legacy ``pair``."""
+        return ((self.meta or {}).get("procedure") or {}).get("unit", "pair")
+
+    def adjacency(self) -> str:
+        if self.unit != "person":
+            return (super().adjacency() + "; legacy unit: each pair counted as its own person, which under-states "
+                    "one person's effect when they gave several pairs (retrain with unit 'person')")
+        persons = self.meta.get("persons", self.m // self.k)
+        return (f"person-level replacement: D and D' differ in one person's preference pairs (at most k = {self.k}, "
+                f"replaced by at most {self.k} others), P = {persons} persons either way, loss normalised by "
+                f"m = P k = {self.m}; a person is {PERSON}")
+
+    def score_features(self, raw: np.ndarray) -> np.ndarray:
+        return self.feature_map(raw) @ self.w
+
     def save(self, path: str | Path) -> Path:
         return self._write_json(path, {"kind": "policy-bt", "base_model": self.base_model, "task": self.task,
                                        "name": self.name, **self.certificate(),
@@ -149,6 +170,9 @@ class PolicyBTReward(CertifiedBT):
     @classmethod
     def load(cls, path: str | Path) -> "PolicyBTReward":
         body = json.loads(Path(path).read_text())
+        if body.get("kind") == "policy-bt-released":
+            raise ValueError(f"{path} is a released head (w~, no exact weights): this needs the exact weights; pass "
+                             "the operator's model file it was released from")
         if body.get("kind") != "policy-bt":
             raise ValueError(f"{path} is not a policy-bt reward model")
         return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
@@ -207,8 +231,62 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
 
 
 PROCEDURE_DEFAULTS = {"lambdas": (0.01, 0.03, 0.1, 0.3, 1.0), "components": (8, 16), "cs": (0.6, 0.8, 0.95),
-                      "pairs_per_prompt": 16, "pairs_per_person": 1, "fit_fraction": 0.6, "select_fraction": 0.5,
-                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0, "max_pairs": None}
+                      "pairs_per_prompt": 16, "pairs_per_person": 16, "fit_fraction": 0.6, "select_fraction": 0.5,
+                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0, "max_pairs": None,
+                      "unit": "person", "max_persons": None}
+UNITS = ("person", "pair")
+PERSON = ("the person who wrote and graded one train prompt's answers: every preference pair built from that "
+          "prompt's graded samples is theirs")
+
+
+@dataclass(frozen=True)
+class PreferenceData:
+    """D as the final head reads it: pairs (chosen, rejected) of row indices, each with its person.
+
+    Unit ``person`` (the default): each fit prompt is one person (``PERSON``), P = the number of fit
+    prompts (a seeded ``max_persons`` of them when set), fixed by the public prompt split whatever
+    the grades; each person keeps at most k of their pairs (a seeded choice, before training, the
+    excess dropped and counted) and the loss is normalised by m = P k, so one person's whole
+    contribution moves the head by at most 4k/(m lambda) = 4/(P lambda). Unit ``pair`` (privalign
+    <= 0.2 files only): every pair is its own person and m = the number of pairs."""
+
+    chosen: np.ndarray
+    rejected: np.ndarray
+    person: np.ndarray      # the person (fit prompt id) of each pair
+    persons: int            # P
+    m: int                  # the loss normaliser: P k (person) or the number of pairs (pair)
+    dropped: int            # pairs beyond k per person, dropped before training (D-derived: private)
+
+
+def bound_per_person(person: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+    """Indices that keep at most ``k`` pairs of each person, a seeded uniform choice, in the input order."""
+    person = np.asarray(person)
+    rng = np.random.default_rng([seed, 3])
+    keep = []
+    for p in np.unique(person):
+        rows = np.flatnonzero(person == p)
+        keep.append(rows if rows.size <= k else np.sort(rng.choice(rows, k, replace=False)))
+    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, int)
+
+
+def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> PreferenceData:
+    """Build D from the fit prompts' graded samples under the procedure's unit (``PreferenceData``)."""
+    pid = np.asarray(prompt_ids, str)
+    if proc["unit"] == "pair":
+        ci, ri = preference_rows(pid, correct, fit_prompts, proc["pairs_per_prompt"], proc["seed"])
+        if proc["max_pairs"] is not None and ci.size > proc["max_pairs"]:  # a smaller deployment: fewer people
+            keep = np.sort(np.random.default_rng([proc["seed"], 2]).choice(ci.size, proc["max_pairs"], replace=False))
+            ci, ri = ci[keep], ri[keep]
+        return PreferenceData(ci, ri, np.arange(ci.size).astype(str), int(ci.size), int(ci.size), 0)
+    people = sorted(fit_prompts)
+    if proc["max_persons"] is not None and len(people) > proc["max_persons"]:  # a smaller deployment
+        pick = np.random.default_rng([proc["seed"], 2]).choice(len(people), proc["max_persons"], replace=False)
+        people = sorted(people[i] for i in pick)
+    ci, ri = preference_rows(pid, correct, set(people), proc["pairs_per_prompt"], proc["seed"])
+    person = pid[ci]
+    keep = bound_per_person(person, proc["pairs_per_person"], proc["seed"])
+    k = proc["pairs_per_person"]
+    return PreferenceData(ci[keep], ri[keep], person[keep], len(people), len(people) * k, int(ci.size - keep.size))
 
 
 @dataclass
@@ -226,6 +304,7 @@ class Trained:
     grid: list[dict]
     public: dict
     private: dict
+    data: PreferenceData | None = None
 
     @property
     def settings(self) -> tuple[int, float, float]:
@@ -247,6 +326,12 @@ def _check_procedure(proc: dict) -> dict:
         raise ValueError(f"pairs_per_person must be >= 1, got {proc['pairs_per_person']!r}")
     if proc["max_pairs"] is not None and proc["max_pairs"] < 1:
         raise ValueError(f"max_pairs must be >= 1 or None, got {proc['max_pairs']!r}")
+    if proc["unit"] not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {proc['unit']!r}")
+    if proc["unit"] == "person" and proc["max_pairs"] is not None:
+        raise ValueError(f"max_pairs={proc['max_pairs']!r} counts pairs; with unit 'person' use max_persons")
+    if proc["max_persons"] is not None and (proc["unit"] != "person" or proc["max_persons"] < 1):
+        raise ValueError(f"max_persons must be >= 1 (unit 'person') or None, got {proc['max_persons']!r}")
     return proc
 
 
@@ -275,17 +360,16 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     y = np.asarray(correct, float)
     fit_p, val_p = split_train_prompts(pid, proc["fit_fraction"], proc["seed"])
     sel_fit, sel_score = split_train_prompts(sorted(val_p), proc["select_fraction"], proc["seed"] + 1)
-    ci, ri = preference_rows(pid, y, fit_p, proc["pairs_per_prompt"], proc["seed"])
+    data = preference_data(pid, y, fit_p, proc)
+    ci, ri = data.chosen, data.rejected
     if ci.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
-    if proc["max_pairs"] is not None and ci.size > proc["max_pairs"]:  # a smaller deployment: fewer people in D
-        keep = np.sort(np.random.default_rng([proc["seed"], 2]).choice(ci.size, proc["max_pairs"], replace=False))
-        ci, ri = ci[keep], ri[keep]
     si, sr = preference_rows(pid, y, sel_fit, proc["pairs_per_prompt"], proc["seed"])
     if si.size == 0:
         raise ValueError("no selection pair: no validation prompt of the selection-fit half has both a correct and "
                          "an incorrect sample (more train prompts, or a larger select_fraction)")
-    m, k, g_tol = int(ci.size), proc["pairs_per_person"], proc["g_tol"]
+    m, g_tol = data.m, proc["g_tol"]
+    k = proc["pairs_per_person"]
     is_val = np.isin(pid, list(val_p))
     is_sc = np.isin(pid, list(sel_score))
     grid, best = [], None
@@ -314,13 +398,15 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     phi = fmap(raw)
     d = phi[ci] - phi[ri]
     if edit is not None:
+        n_pairs = d.shape[0]
         d = np.asarray(edit(d), float)
-        if d.shape != (m, fmap.dim):
-            raise ValueError(f"edit must keep D's {m} pairs of dimension {fmap.dim}, got shape {d.shape}")
-    w, g = fit_bt(d, row["lambda"], g_tol)
+        if d.ndim != 2 or d.shape[1] != fmap.dim or not 0 < d.shape[0] <= m:
+            raise ValueError(f"edit must return between 1 and m = {m} pairs of dimension {fmap.dim} (D has "
+                             f"{n_pairs}), got shape {d.shape}")
+    w, g = fit_bt(d, row["lambda"], g_tol, normalizer=m)
     grids = {"q": proc["components"], "c": proc["cs"], "lambda": proc["lambdas"]}
     chosen = {"q": row["components"], "c": row["c"], "lambda": row["lambda"]}
-    public = {"fit_prompts": len(fit_p), "validation_prompts": len(val_p), "selection_fit_prompts": len(sel_fit),
+    public = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p), "selection_fit_prompts": len(sel_fit),
               "selection_score_prompts": len(sel_score), "selection_pairs": int(si.size),
               "components": row["components"], "c": row["c"],
               "selection_auc": row["selection_auc"], "selection_privbon_accuracy": row["selection_privbon_accuracy"],
@@ -335,8 +421,9 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
                    s_val, y[is_val], pid[is_val], 2 * certified_sensitivity(m, row["lambda"], k, g_tol)
                    / proc["target_epsilon"], proc["n_select"], seed=proc["seed"]),
                "train_pair_accuracy": float(np.mean(d @ w > 0)), "achieved_grad_norm": g,
+               "pairs": int(ci.size), "pairs_dropped_beyond_k": data.dropped,
                "weight_norm": float(np.linalg.norm(w))}
-    return Trained(row["components"], row["c"], row["lambda"], fmap, w, m, grid, public, private)
+    return Trained(row["components"], row["c"], row["lambda"], fmap, w, m, grid, public, private, data)
 
 
 def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = None, base_model: str = "smollm2",
@@ -355,7 +442,7 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
     t = train_procedure(raw, prompt_ids, correct, **settings)
     proc = t.public["procedure"]
     model = PolicyBTReward(t.w, t.lam, t.m, proc["pairs_per_person"], proc["g_tol"], t.feature_map, base_model, task,
-                           name, {"task": task, **t.public}, private=t.private)
+                           name, {"task": task, **t.public, "head_id": uuid.uuid4().hex}, private=t.private)
     if range_epsilon > 0:
         model.release_range(range_epsilon, rng)  # a one-time, private, tighter output range
     return model, t.grid
@@ -370,7 +457,7 @@ def model_procedure(model: PolicyBTReward) -> dict:
     if proc is None:
         raise ValueError("this model file records no training procedure: it was trained by privalign < 0.2, whose "
                          "choice of (q, c, lambda) read D, so its certificate does not cover it; retrain it")
-    return proc
+    return {"unit": "pair", **proc}  # files before the person unit counted each pair as a person
 
 
 def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=None) -> Trained:
@@ -384,6 +471,14 @@ def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=No
     return t
 
 
+def replace_person(d: np.ndarray, data: PreferenceData, person: str, pairs: np.ndarray) -> np.ndarray:
+    """D' for the certificate's adjacency: ``person``'s pairs (rows of d) replaced by ``pairs`` (at most k)."""
+    pairs = np.atleast_2d(np.asarray(pairs, float))
+    if data.persons and pairs.shape[0] > data.m // data.persons:
+        raise ValueError(f"a person contributes at most k = {data.m // data.persons} pairs, got {pairs.shape[0]}")
+    return np.concatenate([d[data.person != person], pairs.reshape(-1, d.shape[1])])
+
+
 def check_sensitivity(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, trials: int = 24,
                       seed: int = 0) -> list[dict]:
     """Rerun the whole training procedure, selection included, with one person's k pairs replaced by
@@ -394,30 +489,28 @@ def check_sensitivity(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correc
     settings agree, ||w_D - w_D'||, the supremum over all inputs with ||phi|| <= 1, beside the
     certified Delta_r."""
     base = retrain(model, raw, prompt_ids, correct)
-    k, m = model.k, model.m
+    k = model.k
     w_d = base.w
     probe = base.feature_map(raw) @ w_d
+    people = np.unique(base.data.person)
     rng = np.random.default_rng(seed)
     rows = []
     for trial in range(trials):
         kind = ADVERSARIES[trial % len(ADVERSARIES)]
-        person = int(rng.integers(0, m // k))
-        block = slice(person * k, person * k + k)
+        person = str(people[rng.integers(0, people.size)])
         u = None
         if kind == "extreme-norm":
             u = w_d if trial % 2 else rng.standard_normal(w_d.size)
             u = u / (np.linalg.norm(u) or 1.0) * (1 if rng.random() < 0.5 else -1)
-        other = int(rng.integers(0, m // k))
+        other = str(people[rng.integers(0, people.size)])
 
-        def edit(d, kind=kind, block=block, other=other, u=u):
-            d2 = d.copy()
+        def edit(d, kind=kind, person=person, other=other, u=u):
+            mine = base.data.person == person
             if kind == "flipped":
-                d2[block] = -d[block]
-            elif kind == "extreme-norm":
-                d2[block] = 2 * u
-            else:
-                d2[block] = d[other * k:other * k + k]
-            return d2
+                return replace_person(d, base.data, person, -d[mine])
+            if kind == "extreme-norm":
+                return replace_person(d, base.data, person, np.tile(2 * u, (k, 1)))
+            return replace_person(d, base.data, person, d[base.data.person == other][:k])
 
         t = retrain(model, raw, prompt_ids, correct, edit)
         same = t.settings == base.settings

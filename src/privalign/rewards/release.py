@@ -1,0 +1,139 @@
+"""A private reward model: a certified head released once with Gaussian output perturbation.
+
+The certificate of a ``policy-bt`` head (unit: a person, ``policy_bt.PreferenceData``) bounds how far
+one person can move its weights: ||w_D - w_D'||_2 <= 4k/(m lambda) + 2 g_tol/lambda = Delta_r. The
+release is
+
+    w~ = w_D + N(0, sigma^2 I),   sigma = the analytic Gaussian scale (Balle & Wang 2018) for
+                                  L2 sensitivity Delta_r at (epsilon_w, delta_w)
+
+(Chaudhuri, Monteleoni & Sarwate 2011's output perturbation), drawn once from the secure generator.
+w~ is (epsilon_w, delta_w)-DP with respect to person-level replacement, and every use of it, the
+feature map being fixed without reading D, is post-processing: BoN, soft BoN at any temperature,
+any n, any number of queries cost nothing more. The released file holds w~, the feature map and
+the guarantee, and none of the exact weights or D-derived diagnostics, so it may be published.
+
+No output range is needed when no per-query mechanism follows (BoN reads only the order of the
+scores); a per-query mechanism on the *exact* head still charges each query, and composes with the
+release in the model budget (docs/accounting.md, "A private reward model").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from .._validation import as_generator
+from .base import RewardModel
+from .policy_bt import FeatureMap, PolicyBTReward, PolicyScoring
+
+RELEASED_KIND = "policy-bt-released"
+PROCEDURE = ("Gaussian output perturbation of the certified head: w~ = w + N(0, sigma^2 I), sigma the analytic "
+             "Gaussian scale for L2 sensitivity Delta_r at (epsilon_w, delta_w), drawn once from the secure "
+             "generator; every selection with w~ is post-processing")
+
+
+def check_release(model: PolicyBTReward, epsilon, delta) -> tuple[float, float]:
+    """(epsilon, delta) for releasing ``model``, or a one-line ValueError naming what is wrong."""
+    if not isinstance(model, PolicyBTReward):
+        raise ValueError(f"only a certified policy-bt head can be released, got {type(model).__name__}")
+    if model.unit != "person":
+        raise ValueError(f"model {model.name!r} was trained by an older procedure (unit {model.unit!r}: each pair "
+                         "counted as its own person), so its certificate does not bound one person; retrain it")
+    if "head_id" not in model.meta:
+        raise ValueError(f"model {model.name!r} has no head_id (trained before releases existed); retrain it")
+    try:
+        eps, dlt = float(epsilon), float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"epsilon and delta must be numbers, got {epsilon!r} and {delta!r}") from None
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
+    persons = int(model.meta.get("persons", model.m // model.k))
+    if not (math.isfinite(dlt) and 0 < dlt < 1 / persons):
+        raise ValueError(f"delta must lie in (0, 1/P) = (0, {1 / persons:.3g}) for P = {persons} persons, "
+                         f"got {delta!r}")
+    return eps, dlt
+
+
+def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float) -> float:
+    """sigma: the analytic Gaussian scale for L2 sensitivity Delta_r = ``model.sensitivity``."""
+    from ..accounting import gaussian_mechanism_noise_scale
+
+    eps, dlt = check_release(model, epsilon, delta)
+    return gaussian_mechanism_noise_scale(eps, model.sensitivity, dlt)
+
+
+class ReleasedHead(PolicyScoring, RewardModel):
+    """r~(x, y) = w~ . phi(raw(x, y)): a head released once (module docstring). Scoring with it costs
+    no privacy; it has no exact weights, so whatever needs them (``check-sensitivity``, the query
+    audit, a second release, per-query noise calibrated to the head) refuses it."""
+
+    released = True
+    output_range = (-math.inf, math.inf)  # no per-query mechanism follows, so no range is needed
+    sensitivity = None
+
+    def __init__(self, w_tilde, feature_map: FeatureMap, release: dict, base_model: str = "smollm2",
+                 task: str | None = None, name: str = "policy-bt-released"):
+        self.w_tilde = np.asarray(w_tilde, float)
+        self.feature_map, self.release, self.base_model, self.task, self.name = (
+            feature_map, dict(release), base_model, task, name)
+        self._generator = None
+        if self.w_tilde.shape != (feature_map.dim,):
+            raise ValueError(f"w~ must have {feature_map.dim} entries, got shape {self.w_tilde.shape}")
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.release["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        return float(self.release["delta"])
+
+    @property
+    def release_id(self) -> str:
+        return str(self.release["release_id"])
+
+    def score_features(self, raw: np.ndarray) -> np.ndarray:
+        return self.feature_map(raw) @ self.w_tilde
+
+    def body(self) -> dict:
+        return {"kind": RELEASED_KIND, "name": self.name, "base_model": self.base_model, "task": self.task,
+                "publishable": True,
+                "note": "differentially private release of a reward model: this file may be published; it holds "
+                        "no exact weights and nothing else derived from the preference data without privacy",
+                "guarantee": self.release, "feature_map": self.feature_map.to_dict(),
+                "w_tilde": self.w_tilde.tolist()}
+
+    def save(self, path: str | Path) -> Path:
+        return PolicyBTReward._write_json(path, self.body())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReleasedHead":
+        body = json.loads(Path(path).read_text())
+        if body.get("kind") != RELEASED_KIND:
+            raise ValueError(f"{path} is not a released head (kind {body.get('kind')!r})")
+        return cls(np.array(body["w_tilde"]), FeatureMap.from_dict(body["feature_map"]), body["guarantee"],
+                   body.get("base_model", "smollm2"), body.get("task"), body.get("name", "policy-bt-released"))
+
+
+def release_head(model: PolicyBTReward, epsilon: float, delta: float,
+                 rng: np.random.Generator | None = None) -> ReleasedHead:
+    """Release ``model`` once at (epsilon, delta): w~ = w + N(0, sigma^2 I) (module docstring). The
+    noise comes from the secure generator unless a seeded ``rng`` is passed (tests, studies)."""
+    eps, dlt = check_release(model, epsilon, delta)
+    sigma = release_noise_scale(model, eps, dlt)
+    w_tilde = model.w + sigma * as_generator(rng).standard_normal(model.w.size)
+    persons = int(model.meta.get("persons", model.m // model.k))
+    release = {"epsilon": eps, "delta": dlt, "sigma": sigma, "sensitivity": model.sensitivity,
+               "adjacency": model.adjacency(), "procedure": PROCEDURE, "hyperparameters": model.hyperparameters(),
+               "persons": persons, "pairs_per_person": model.k, "m": model.m, "lambda": model.lam,
+               "g_tol": model.g_tol, "head_id": model.meta["head_id"], "release_id": uuid.uuid4().hex,
+               "source_name": model.name, "query_epsilon": 0.0,
+               "composition": "every selection with w~ is post-processing (0 per query); per-query noise on the "
+                              "exact head composes with this release in the model budget (epsilon_w + the "
+                              "queries', delta_w + theirs)"}
+    return ReleasedHead(w_tilde, model.feature_map, release, model.base_model, model.task, f"{model.name}-released")

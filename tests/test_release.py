@@ -1,0 +1,121 @@
+"""A private reward model (issue 28): the certified head released once, w~ = w + N(0, sigma^2 I)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from privalign.accounting import gaussian_mechanism_noise_scale
+from privalign.cli import app
+from privalign.pipeline import features_path, save_features
+from privalign.pools import Pool
+from privalign.rewards import load_reward
+from privalign.rewards.policy_bt import PolicyBTReward, train_policy_bt
+from privalign.rewards.release import ReleasedHead, release_head, release_noise_scale
+
+from .test_policy_bt import synthetic_pool
+
+KW = dict(lambdas=(1.0,), components=(4,), seed=0, range_epsilon=0.0, pairs_per_person=4)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    pid, y, raw = synthetic_pool()
+    model, _ = train_policy_bt(raw, pid, y, task="arithmetic-mix", **KW)
+    return model, raw
+
+
+def test_release_noise_is_the_analytic_gaussian_at_the_certified_sensitivity(trained):
+    model, raw = trained
+    sigma = release_noise_scale(model, 0.5, 1e-6)
+    assert sigma == gaussian_mechanism_noise_scale(0.5, model.sensitivity, 1e-6)
+    # the draw: w~ - w ~ N(0, sigma^2 I), checked on 400 seeded releases (thresholds from the sample size)
+    noise = np.array([release_head(model, 0.5, 1e-6, np.random.default_rng(s)).w_tilde - model.w
+                      for s in range(400)]).ravel()
+    n = noise.size
+    assert abs(noise.mean()) < 4 * sigma / math.sqrt(n)
+    assert abs(noise.std() / sigma - 1) < 4 / math.sqrt(2 * n)
+    head = release_head(model, 0.5, 1e-6, np.random.default_rng(0))
+    assert np.allclose(head.score_features(raw[:50]), model.feature_map(raw[:50]) @ head.w_tilde)
+    assert head.release["query_epsilon"] == 0.0 and head.release["head_id"] == model.meta["head_id"]
+    assert "person-level replacement" in head.release["adjacency"]
+
+
+def test_the_released_file_may_be_published_and_holds_no_exact_weight(trained, tmp_path):
+    model, raw = trained
+    head = release_head(model, 1.0, 1e-6)  # the secure generator
+    head.save(tmp_path / "public.json")
+    text = (tmp_path / "public.json").read_text()
+    body = json.loads(text)
+    assert body["kind"] == "policy-bt-released" and body["publishable"] is True
+    assert "w" not in body and not any(repr(float(v)) in text for v in model.w)
+    for word in ("train_pair_accuracy", "achieved_grad_norm", "val_auc", "weight_norm", "pairs_dropped"):
+        assert word not in text
+    g = body["guarantee"]
+    assert g["epsilon"] == 1.0 and g["delta"] == 1e-6 and "Gaussian output perturbation" in g["procedure"]
+    loaded = load_reward(f"policy-bt:{tmp_path / 'public.json'}")
+    assert isinstance(loaded, ReleasedHead)
+    assert np.array_equal(loaded.score_features(raw[:20]), head.score_features(raw[:20]))
+    with pytest.raises(ValueError, match="released head .* needs the exact weights"):
+        PolicyBTReward.load(tmp_path / "public.json")
+
+
+@pytest.mark.parametrize("epsilon, delta, message", [
+    (math.nan, 1e-6, "epsilon must be positive and finite, got nan"),
+    (math.inf, 1e-6, "epsilon must be positive and finite, got inf"),
+    (0.0, 1e-6, "epsilon must be positive and finite, got 0.0"),
+    (1.0, 0.5, r"delta must lie in \(0, 1/P\)"),
+    (1.0, math.nan, "delta must lie in"),
+])
+def test_bad_release_parameters_are_named(trained, epsilon, delta, message):
+    with pytest.raises(ValueError, match=message):
+        release_head(trained[0], epsilon, delta)
+
+
+def test_an_older_procedure_is_refused(trained):
+    pid, y, raw = synthetic_pool()
+    legacy, _ = train_policy_bt(raw, pid, y, **{**KW, "pairs_per_person": 1, "unit": "pair"})
+    with pytest.raises(ValueError, match="older procedure .*unit 'pair'"):
+        release_head(legacy, 1.0, 1e-9)
+
+
+def _train_pool(tmp_path):
+    pid, y, raw = synthetic_pool()
+    path = tmp_path / "train.parquet"
+    Pool({"prompt_id": pid.astype(object), "sample_id": np.tile(np.arange(24), 60), "true_reward": y,
+          "reward:logprob": raw[:, -1].astype(float)}, {"task": "arithmetic-mix"}).save(path)
+    save_features(features_path(path), raw, pid, np.tile(np.arange(24), 60))
+    return path
+
+
+def test_cli_release_and_train_with_release(tmp_path):
+    runner = CliRunner()
+    pool = _train_pool(tmp_path)
+    res = runner.invoke(app, ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--pool", str(pool),
+                              "--lam", "1", "--components", "4", "--pairs-per-person", "4", "--release-epsilon", "1",
+                              "--out", str(tmp_path / "rm.json")])
+    assert res.exit_code == 0, res.output
+    assert "may be published" in " ".join(res.output.split())
+    assert json.loads((tmp_path / "rm.released.json").read_text())["kind"] == "policy-bt-released"
+    res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), "--epsilon", "0.3", "--delta", "1e-6",
+                              "--out", str(tmp_path / "public.json")])
+    assert res.exit_code == 0, res.output
+    assert ReleasedHead.load(tmp_path / "public.json").epsilon == 0.3
+    # bad input: a one-line error naming the value, and nothing written
+    for args, message in [
+        (["--epsilon", "nan", "--delta", "1e-6"], "--epsilon must be positive and finite, got nan"),
+        (["--epsilon", "1", "--delta", "0.5"], "delta must lie in (0, 1/P)"),
+        (["--epsilon", "1", "--delta", "1"], "--delta must lie in (0, 1), got 1.0"),
+    ]:
+        res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), *args, "--out", str(tmp_path / "x.json")])
+        assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+        assert not (tmp_path / "x.json").exists()
+    res = runner.invoke(app, ["rm", "release", str(tmp_path / "public.json"), "--epsilon", "1", "--delta", "1e-6",
+                              "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "needs the exact weights" in " ".join(res.output.split())
+    assert not (tmp_path / "x.json").exists()
+    res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), "--delta", "1e-6",
+                              "--out", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "--epsilon" in res.output
