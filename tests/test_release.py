@@ -119,3 +119,94 @@ def test_cli_release_and_train_with_release(tmp_path):
     res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), "--delta", "1e-6",
                               "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "--epsilon" in res.output
+
+
+# ---------------------------------------------------------------------------------- serving
+
+
+class _HashedPolicy:
+    """Stands in for the base model's teacher forcing only: raw features from a text's hash."""
+
+    def featurize(self, messages, responses):
+        rows = [np.random.default_rng(abs(hash(r)) % 2**32).standard_normal(2 * 16 + 1) * 3 + 10 for r in responses]
+        out = np.array(rows)
+        out[:, -1] = -1.0
+        return out
+
+
+def _released(model, epsilon=1.0, delta=1e-6, seed=0):
+    head = release_head(model, epsilon, delta, np.random.default_rng(seed))
+    head._generator = _HashedPolicy()
+    return head
+
+
+def _config(ledger, mechanism="released-bon", model_budget=True, composition="zcdp"):
+    from privalign.server.config import ServiceConfig
+
+    body = {"ledger": ledger, "generator": {"backend": "stub"}, "reward": {"kind": "stub"},
+            "mechanism": {"name": mechanism, "n": 4}, "clients": {"ka": {"tenant": "a"}},
+            "budgets": [{"name": "a", "tenant": "a", "epsilon_total": 1.0, "delta_total": 1e-6,
+                         "composition": composition}]}
+    if model_budget:
+        body["model_budget"] = {"name": "model", "epsilon_total": 10.0, "delta_total": 1e-5,
+                                "composition": composition}
+    return ServiceConfig.model_validate(body)
+
+
+def test_a_released_head_answers_without_a_per_query_charge_and_its_cost_is_recorded_once(trained, tmp_path):
+    from privalign.server.app import ApiError, Service, StubGenerator
+
+    head = _released(trained[0])
+    ledger = str(tmp_path / "l.db")
+    first = Service(_config(ledger), generator=StubGenerator(), reward=head)
+    again = Service(_config(ledger), generator=StubGenerator(), reward=head)  # a restart or a second replica
+    assert first.release_charged and not again.release_charged
+    for svc in (first, again):
+        for _ in range(60):  # far beyond what the tenant's budget of 1 would allow per-query
+            out = svc.answer([{"role": "user", "content": "hi"}], None, "a")
+            assert out["privalign"]["epsilon_charged"] == 0 and out["privalign"]["mechanism"] == "released-bon"
+    led = first.ledger
+    m, a = led.budget("model"), led.budget("a")
+    assert a.queries == 120 and a.spent.epsilon == 0 and m.queries == 121  # 120 answers + the one release
+    releases = [e for e in led.events("model") if e["kind"] == "release"]
+    assert len(releases) == 1 and releases[0]["request_id"].endswith(head.release_id)
+    assert m.spent_rho == pytest.approx((head.release["sensitivity"] / head.release["sigma"]) ** 2 / 2)
+    assert led.check() == []
+    g = first.guarantee()
+    assert g["released_head"]["query_epsilon"] == 0.0 and "costs 0" in g["statement"]
+    with pytest.raises(ApiError, match="no meaning for released-bon"):
+        first.answer([{"role": "user", "content": "hi"}], {"epsilon": 1.0}, "a")
+    with pytest.raises(ApiError, match="must be 'released-bon'"):
+        first.answer([{"role": "user", "content": "hi"}], {"mechanism": "privbon"}, "a")
+    # a second, independent release of the same head into the same model budget would spend epsilon_w twice
+    with pytest.raises(ValueError, match="already released into the model budget 'model'"):
+        Service(_config(ledger), generator=StubGenerator(), reward=_released(trained[0], seed=1))
+    for svc in (first, again):
+        svc.close()
+
+
+def test_a_released_head_is_served_only_as_released_bon_with_a_model_budget(trained, tmp_path):
+    from privalign.server.app import Service, StubGenerator, StubReward
+
+    head = _released(trained[0])
+    with pytest.raises(ValueError, match="serves with \\[mechanism\\] name = 'released-bon'"):
+        Service(_config(str(tmp_path / "a.db"), mechanism="privbon"), generator=StubGenerator(), reward=head)
+    with pytest.raises(ValueError, match="needs a \\[model_budget\\]"):
+        Service(_config(str(tmp_path / "b.db"), model_budget=False), generator=StubGenerator(), reward=head)
+    reward = StubReward()
+    reward.output_range = (0.0, 1.0)
+    with pytest.raises(ValueError, match="needs a released head"):
+        Service(_config(str(tmp_path / "c.db")), generator=StubGenerator(), reward=reward)
+
+
+def test_soft_bon_temperature_zero_is_bon_and_its_law_is_the_softmax():
+    from privalign.mechanisms import soft_bon
+
+    r = np.array([0.0, 1.0, 0.5, 1.0])
+    assert soft_bon(r, rng=np.random.default_rng(0)).index in (1, 3)
+    rng = np.random.default_rng(0)
+    draws = np.bincount([soft_bon(r, temperature=0.5, rng=rng).index for _ in range(4000)], minlength=4)
+    p = np.exp(r / 0.5) / np.exp(r / 0.5).sum()
+    assert np.all(np.abs(draws / 4000 - p) < 4 * np.sqrt(p * (1 - p) / 4000))
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -1"):
+        soft_bon(r, temperature=-1)

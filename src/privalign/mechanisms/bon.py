@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -28,6 +29,22 @@ def bon(rewards, *, rng: np.random.Generator | None = None) -> Selection:
     best = np.flatnonzero(r == r.max())
     index = int(best[0]) if best.size == 1 else int(best[as_generator(rng).integers(best.size)])
     return Selection(index=index, mechanism="bon", epsilon=math.inf, n=r.size)
+
+
+def soft_bon(rewards, *, temperature: float = 0.0, rng: np.random.Generator | None = None) -> Selection:
+    """Soft Best-of-N: candidate i with probability softmax(r / temperature)_i; temperature 0 is BoN.
+    Not private by itself (epsilon = inf): with a reward model released under DP it is
+    post-processing, and the temperature is a guard against reward hacking, not a privacy parameter."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0 \
+            or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature == 0:
+        return dataclasses.replace(bon(rewards, rng=rng), mechanism="soft-bon")
+    r = check_rewards(rewards)
+    z = (r - r.max()) / temperature
+    p = np.exp(z) / np.exp(z).sum()
+    index = int(min(np.searchsorted(np.cumsum(p), as_generator(rng).random() * p.sum(), side="right"), r.size - 1))
+    return Selection(index=index, mechanism="soft-bon", epsilon=math.inf, n=r.size)
 
 
 def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None = None,

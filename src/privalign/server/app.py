@@ -194,7 +194,10 @@ class Service:
         self.reward = reward or build_reward(cfg)
         self.model_budget = self.deployment.model_budget
         self.release_charged = False
-        if self.model_budget is not None:
+        self.released = bool(getattr(self.reward, "released", False))
+        if self.released or cfg.mechanism.name == "released-bon":
+            self.release_charged = self._charge_release()
+        elif self.model_budget is not None:
             release = float(getattr(self.reward, "range_epsilon", 0.0) or 0.0)
             if release > 0:  # the one-time private range release, charged once per model
                 try:
@@ -205,10 +208,12 @@ class Service:
                     raise ValueError(f"the model budget {self.model_budget!r} cannot cover the reward model's one-time "
                                      f"range release (epsilon {release:g}): {e}") from None
         lo, hi = self.reward.output_range
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        if self.released:  # BoN reads only the order of the scores: no range, no per-query sensitivity
+            lo, hi = -math.inf, math.inf
+        elif not (math.isfinite(lo) and math.isfinite(hi)):
             raise ValueError("the reward model needs a finite declared output_range in the config")
         self.range = (lo, hi)
-        self.sensitivity = self.reward.sensitivity or (hi - lo)
+        self.sensitivity = None if self.released else self.reward.sensitivity or (hi - lo)
         if cfg.warm_up:  # lazily loaded models (the embedder, policy-bt's base model) load now, before the port opens
             try:
                 self.reward.score(["warm-up"], ["warm-up"])
@@ -231,10 +236,51 @@ class Service:
         self.model_names = (cfg.served_model_name, *cfg.model_aliases)
         self._init_metrics()
 
+    def _charge_release(self) -> bool:
+        """Record a released head's one-time cost (epsilon_w, delta_w; rho = Delta_r^2 / (2 sigma^2))
+        in the model budget, once per release across restarts and replicas; refuse a second release
+        of the same head into the same model budget, and a released head served any other way."""
+        head, mb = self.reward, self.model_budget
+        if not getattr(head, "released", False):
+            raise ValueError(f"[mechanism] name = 'released-bon' needs a released head (privalign rm release), got "
+                             f"the reward model {getattr(head, 'name', type(head).__name__)!r}")
+        if self.cfg.mechanism.name != "released-bon":
+            raise ValueError(f"a released head serves with [mechanism] name = 'released-bon' (its queries are "
+                             f"post-processing), got {self.cfg.mechanism.name!r}: per-query noise is for the exact head")
+        if mb is None:
+            raise ValueError("a released head needs a [model_budget], where its one-time cost is recorded once")
+        g = head.release
+        prefix = f"release:{g['head_id']}:"
+        others = {e["request_id"] for e in self.ledger.events(mb) if e["kind"] == "release"
+                  and str(e["request_id"]).startswith(prefix) and e["request_id"] != prefix + head.release_id}
+        if others:
+            raise ValueError(f"head {g['head_id']} was already released into the model budget {mb!r} (release "
+                             f"{sorted(others)[0].split(':')[2]}); releasing it again ({head.release_id}) would "
+                             "spend epsilon_w twice: serve the first release's file")
+        event = A.PrivacyEvent("gaussian-release", float(g["epsilon"]), float(g["delta"]),
+                               rho=(float(g["sensitivity"]) / float(g["sigma"])) ** 2 / 2,
+                               params=(("sensitivity", float(g["sensitivity"])), ("sigma", float(g["sigma"]))))
+        try:
+            return self.ledger.charge_once(mb, prefix + head.release_id, event)
+        except BudgetExhausted as e:
+            raise ValueError(f"the model budget {mb!r} cannot cover the head's one-time release (epsilon "
+                             f"{g['epsilon']:g}, delta {g['delta']:g}): {e}") from None
+
     def guarantee(self) -> dict:
         """The guarantee a person in the reward model's preference data D gets from the whole
         deployment: the model budget's, or without one, the sum over every budget."""
         release = float(getattr(self.reward, "range_epsilon", 0.0) or 0.0)
+        if self.released:
+            g = self.reward.release
+            b = self.ledger.budget(self.model_budget)
+            return {"model_budget": b.name, "epsilon": b.total.epsilon, "delta": b.total.delta,
+                    "composition": b.composition, "released_head": {
+                        "epsilon": g["epsilon"], "delta": g["delta"], "release_id": self.reward.release_id,
+                        "query_epsilon": 0.0},
+                    "statement": f"the reward model was released once at ({g['epsilon']:g}, {g['delta']:g})-DP, "
+                                 f"recorded once in the model budget {b.name!r}; every answer is post-processing of "
+                                 "that release and costs 0, so a person in the preference data has "
+                                 f"({g['epsilon']:g}, {g['delta']:g})-DP from these answers, however many"}
         if self.model_budget:
             b = self.ledger.budget(self.model_budget)
             return {"model_budget": b.name, "epsilon": b.total.epsilon, "delta": b.total.delta,
@@ -339,8 +385,10 @@ class Service:
         if unknown:
             raise ApiError(400, "invalid_request", f"unknown privalign option(s): {sorted(unknown)}")
         mech = ext.get("mechanism", d.name)
-        if mech not in ("privbon", "privitp"):
-            raise ApiError(400, "invalid_request", f"privalign.mechanism must be 'privbon' or 'privitp', got {mech!r}")
+        allowed = ("released-bon",) if self.released else ("privbon", "privitp")
+        if mech not in allowed:
+            raise ApiError(400, "invalid_request", f"privalign.mechanism must be {' or '.join(map(repr, allowed))} "
+                                                   f"with this reward model, got {mech!r}")
         n = ext.get("n", d.n)
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.cfg.max_n:
             raise ApiError(400, "invalid_request", f"privalign.n must be an integer in [1, {self.cfg.max_n}], got {n!r}")
@@ -355,8 +403,18 @@ class Service:
                  delta=ext.get("delta", d.delta))
         if mech == "privbon" and "epsilon" in ext and "noise_scale" in ext:
             raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
+        if mech == "released-bon":
+            for key in ("epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "delta"):
+                if key in ext:
+                    raise ApiError(400, "invalid_request", f"privalign.{key} has no meaning for released-bon: its "
+                                                           "queries cost 0 (the head was released once)")
+            o["temperature"] = d.temperature
+            o["event"] = A.PrivacyEvent("released-bon", 0.0, 0.0, rho=0.0, params=(("temperature", d.temperature),))
+            o["epsilon_max"], o["delta"] = 0.0, 0.0
         try:
-            if mech == "privbon":
+            if mech == "released-bon":
+                pass
+            elif mech == "privbon":
                 if "noise_scale" in ext:
                     o["noise_scale"] = ext["noise_scale"]
                 else:
@@ -580,6 +638,10 @@ class Service:
         (which the response reports anyway).
         """
         n = o["n"]
+        if o["mechanism"] == "released-bon":  # post-processing of the released head: no noise, no charge
+            first = self._generate(messages, n, max_tokens, temperature, usage, o["stop"])
+            sel = M.soft_bon(self._scores(messages, [g.text for g in first]), temperature=o["temperature"])
+            return first[sel.index], dataclasses.replace(sel, mechanism="released-bon", epsilon=0.0), n
         if o["mechanism"] == "privbon":
             first = self._generate(messages, n, max_tokens, temperature, usage, o["stop"])
             r1 = self._scores(messages, [g.text for g in first])

@@ -117,7 +117,10 @@ class RewardConfig(_Section):
 
 
 class MechanismConfig(_Section):
-    name: Literal["privbon", "privitp"] = "privbon"
+    # released-bon: (soft) BoN on a head released once under DP (``rm release``): 0 per query
+    name: Literal["privbon", "privitp", "released-bon"] = "privbon"
+    # released-bon's soft-BoN temperature (0: BoN); a guard against reward hacking, not a privacy parameter
+    temperature: float = Field(0.0, ge=0)
     # privbon's sampler: "gumbel" (softmax law, fast) or "exact" (OpenDP's exact report-noisy-max,
     # permute-and-flip law, no floating-point noise; the same epsilon = 2 Delta_r / sigma)
     privbon_noise: Literal["gumbel", "exact"] = "gumbel"
