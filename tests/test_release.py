@@ -85,6 +85,7 @@ def _train_pool(tmp_path):
     pid, y, raw = synthetic_pool()
     path = tmp_path / "train.parquet"
     Pool({"prompt_id": pid.astype(object), "sample_id": np.tile(np.arange(24), 60), "true_reward": y,
+          "prompt": pid.astype(object), "response": np.array([f"r{i}" for i in range(pid.size)], dtype=object),
           "reward:logprob": raw[:, -1].astype(float)}, {"task": "arithmetic-mix"}).save(path)
     save_features(features_path(path), raw, pid, np.tile(np.arange(24), 60))
     return path
@@ -210,3 +211,33 @@ def test_soft_bon_temperature_zero_is_bon_and_its_law_is_the_softmax():
     assert np.all(np.abs(draws / 4000 - p) < 4 * np.sqrt(p * (1 - p) / 4000))
     with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got -1"):
         soft_bon(r, temperature=-1)
+
+
+def test_release_accuracy_tends_to_bon_as_the_noise_vanishes_and_falls_with_epsilon(trained):
+    from privalign.rewards.release import release_accuracy
+
+    model, raw = trained
+    pid, y, _ = synthetic_pool()
+    lo = release_accuracy(model, raw, pid, y, 0.05, 1e-6, n=8, draws=20, rng=np.random.default_rng(0))
+    hi = release_accuracy(model, raw, pid, y, 1e6, 1e-6, n=8, draws=20, rng=np.random.default_rng(0))
+    assert hi["bon"] > hi["base"] and abs(hi["mean"] - hi["bon"]) < 1e-3 and hi["share_mean"] > 0.99
+    assert lo["mean"] < hi["mean"] and lo["p5"] <= lo["mean"] and len(lo["accuracies"]) == 20
+
+
+def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
+    runner = CliRunner()
+    pool = _train_pool(tmp_path)
+    res = runner.invoke(app, ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--pool", str(pool),
+                              "--lam", "1", "--components", "4", "--pairs-per-person", "4",
+                              "--out", str(tmp_path / "rm.json")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["score", str(pool), "--reward", f"policy-bt:{tmp_path / 'rm.json'}"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--delta-total", "1e-6", "--queries", "10",
+                              "--model", str(tmp_path / "rm.json"), "--pool", str(pool), "--reward", "policy-bt",
+                              "--release-epsilon", "0.3,1", "--draws", "10", "--n", "8"])
+    out = " ".join(res.output.split())
+    assert "release once at" in out and "5th percentile" in out and "exact head: BoN (n=8)" in out, res.output
+    assert "recommended: " in out
+    res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--epsilon", "0.1", "--model", str(tmp_path / "rm.json")])
+    assert res.exit_code == 2 and "--model needs --pool" in " ".join(res.output.split())

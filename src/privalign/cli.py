@@ -23,6 +23,14 @@ app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True, soft_wrap=True)  # one logical line stays one line (errors, paths)
 
 
+def parse_float_list(text: str) -> list[float]:
+    """Comma-separated numbers, e.g. '0.1,0.3,1'."""
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected numbers like '0.1,0.3,1', got {text!r}") from None
+
+
 def parse_int_list(text: str) -> tuple[int, ...]:
     """Comma-separated integers; 'a,b,c,...,z' continues the sequence up to z.
 
@@ -892,10 +900,18 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
          beta: float = typer.Option(0.05, help="privitp: beta"),
          pool: Optional[Path] = typer.Option(None, help="a scored pool: add the accuracy each gives"),
          reward: Optional[str] = typer.Option(None, help="its certified reward column"),
-         pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs")):
+         pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs"),
+         model: Optional[Path] = typer.Option(None, help="a certified policy-bt head (exact file) and --pool with its "
+                                                         "features: add the release-then-BoN mode"),
+         release_epsilon: Optional[str] = typer.Option(None, help="with --model: epsilon_w values to compare "
+                                                                  "(default: the budget's epsilon)"),
+         draws: int = typer.Option(60, help="with --model: release draws averaged (and their 5th percentile)"),
+         seed: int = typer.Option(0, help="with --model: seed of the studied release draws")):
     """Plan a budget: queries per composition, or epsilon per query.
 
-    basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass."""
+    basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass. With
+    --model, also the head released once at epsilon_w (then BoN, free for any number of queries):
+    its accuracy averaged over release draws and the 5th percentile a single deployment may get."""
     from rich.table import Table
 
     from .accounting import planner
@@ -958,11 +974,61 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
     if counts and counts.get("zcdp") is not None and counts["zcdp"] < counts["basic"]:
         print_console.print(f"zcdp admits fewer queries than basic here ({counts['zcdp']} < {counts['basic']}): its "
                             "conversion costs more than it saves at large epsilons per query and small totals")
+    if model is not None:
+        _plan_release(print_console, model, pool, release_epsilon, epsilon_total, delta_total, n, draws, seed,
+                      acc if pool is not None and desc is not None else None)
     if refs is not None:
         print_console.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
                             f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
                             f", Delta_r = {desc['sensitivity']:.3g} of the range; BoN (n={n}) {refs['bon']:.3f}, "
                             f"base policy {refs['base']:.3f}")
+
+
+def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsilon_total, delta_total, n, draws,
+                  seed, per_query: dict | None) -> None:
+    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use."""
+    from rich.table import Table
+
+    from .pipeline import pool_features
+    from .rewards.policy_bt import PolicyBTReward
+    from .rewards.release import release_accuracy
+
+    if pool is None:
+        _fail("--model needs --pool: a pool of the head's policy with recorded features (privalign featurize)")
+    try:
+        head = PolicyBTReward.load(model)
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"{model}: {e}")
+    p = _load(pool)
+    raw = pool_features(p, pool)
+    if raw is None:
+        _fail(f"{pool} has no recorded policy features ({pool}.features.npz): run privalign featurize {pool}")
+    eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
+    table = Table(title=f"release once at (epsilon_w, {delta_total:g}), then BoN (n={n}): queries unlimited; "
+                        f"{draws} release draws")
+    for col in ("epsilon_w", "accuracy (mean)", "5th percentile", "share of BoN's lift (mean / 5th pct)"):
+        table.add_column(col, justify="right")
+    rows = []
+    with console.status("release draws"):
+        for e in eps_list:
+            try:
+                r = release_accuracy(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
+                                     draws, np.random.default_rng(seed))
+            except ValueError as err:
+                _fail(str(err))
+            rows.append(r)
+            share = ("-" if r["share_mean"] is None else f"{r['share_mean']:.0%} / {r['share_p5']:.0%}")
+            table.add_row(f"{e:g}", f"{r['mean']:.3f}", f"{r['p5']:.3f}", share)
+    out.print(table)
+    r0 = rows[0]
+    out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
+              f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
+    best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
+    full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
+    if best is not None and full is not None:
+        mode = "release then BoN" if full["p5"] >= best[0] else f"per-query noise ({best[1]})"
+        out.print(f"recommended: {mode} (release at the whole budget: {full['mean']:.3f} on average, "
+                  f"{full['p5']:.3f} at the 5th percentile; per-query at its best {best[0]:.3f})")
 
 
 @ledger_app.command("account")

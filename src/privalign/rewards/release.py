@@ -137,3 +137,43 @@ def release_head(model: PolicyBTReward, epsilon: float, delta: float,
                               "exact head composes with this release in the model budget (epsilon_w + the "
                               "queries', delta_w + theirs)"}
     return ReleasedHead(w_tilde, model.feature_map, release, model.base_model, model.task, f"{model.name}-released")
+
+
+def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
+                     n: int = 16, draws: int = 60, rng: np.random.Generator | None = None) -> dict:
+    """What a release at (epsilon, delta) keeps of BoN's lift on a pool, over ``draws`` release draws.
+
+    For each draw w~ = w + sigma Z, BoN's accuracy at n (candidates drawn with replacement from each
+    prompt's samples) is exact given the scores phi . w~ (``evaluation.laws.bon_exact``), averaged over
+    prompts. Returns the mean, the 5th percentile and every draw's accuracy, beside BoN with the exact
+    head and the base policy, and the share of BoN's lift (acc - base) / (bon - base) each keeps. A
+    deployment lives with one draw: the 5th percentile is its lower tail."""
+    from ..evaluation.laws import bon_exact
+
+    eps, dlt = check_release(model, epsilon, delta)
+    sigma = release_noise_scale(model, eps, dlt)
+    pid = np.asarray(prompt_ids, str)
+    y = np.asarray(correct, float)
+    phi = model.feature_map(raw)
+    z = as_generator(rng).standard_normal((model.w.size, draws))
+    scores = phi @ (model.w[:, None] + sigma * z)           # (rows, draws)
+    exact = phi @ model.w
+    groups = [np.flatnonzero(pid == p) for p in np.unique(pid)]
+    acc = np.zeros(draws)
+    bon = base = 0.0
+    for rows in groups:
+        vals = y[rows][:, None]
+        bon += bon_exact(exact[rows], vals, (n,))[0, 0]
+        base += vals.mean()
+        for j in range(draws):
+            acc[j] += bon_exact(scores[rows, j], vals, (n,))[0, 0]
+    acc, bon, base = acc / len(groups), bon / len(groups), base / len(groups)
+    lift = bon - base
+
+    def share(a):
+        return float((a - base) / lift) if lift > 0 else None
+
+    p5 = float(np.percentile(acc, 5))
+    return {"epsilon": eps, "delta": dlt, "sigma": sigma, "n": n, "draws": draws, "mean": float(acc.mean()),
+            "p5": p5, "accuracies": acc.tolist(), "bon": float(bon), "base": float(base),
+            "share_mean": share(acc.mean()), "share_p5": share(p5)}
