@@ -74,8 +74,8 @@ models: $(STAMP)
 
 # The large pools of issue 20 (docs/experiments.md, "Large pools"): 1,024 samples for each of the 300
 # test prompts of counting and arithmetic-mix with the shared-prefix sampler (about 30 min each on 2
-# cores), scored by five certified heads: the shipped policy-bt, heads on m = 1,000 / 300 / 100 of
-# D's people, and the head trained on the other family's preference data. The features (1.4 GB per
+# cores), scored by five certified heads: the shipped policy-bt, heads on P = 60 / 20 / 6 of D's
+# persons (the shipped large pools still carry the pair-unit heads m1000 / m300 / m100 of issue 20), and the head trained on the other family's preference data. The features (1.4 GB per
 # pool) and the extra heads stay in results/pools/; the scored pools are shipped.
 pools-large: $(STAMP)
 	mkdir -p $(POOLS)
@@ -85,12 +85,12 @@ pools-large: $(STAMP)
 	done
 	for t in counting arithmetic-mix; do \
 	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
-	  for m in 1000 300 100; do \
-	    $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --max-pairs $$m --name policy-bt-m$$m --out $(POOLS)/$$t-policy-bt-m$$m.json || exit 1; \
+	  for m in 60 20 6; do \
+	    $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --max-persons $$m --name policy-bt-p$$m --out $(POOLS)/$$t-policy-bt-p$$m.json || exit 1; \
 	  done; \
 	  $(BIN)/privalign rm train --task $$o --features policy --pool $(POOLS)/$$o-train.parquet --name policy-bt-from-$$o --out $(POOLS)/$$t-policy-bt-from-$$o.json && \
-	  $(BIN)/privalign score $(POOLS)/$$t-large.parquet --reward policy-bt:$(POOLS)/$$t-policy-bt-m1000.json \
-	    --reward policy-bt:$(POOLS)/$$t-policy-bt-m300.json --reward policy-bt:$(POOLS)/$$t-policy-bt-m100.json \
+	  $(BIN)/privalign score $(POOLS)/$$t-large.parquet --reward policy-bt:$(POOLS)/$$t-policy-bt-p60.json \
+	    --reward policy-bt:$(POOLS)/$$t-policy-bt-p20.json --reward policy-bt:$(POOLS)/$$t-policy-bt-p6.json \
 	    --reward policy-bt:$(POOLS)/$$t-policy-bt-from-$$o.json --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
 	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-large.parquet $(DATA)/$$t-large-smollm2.parquet || exit 1; \
 	done
