@@ -241,3 +241,72 @@ def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
     assert "recommended: " in out
     res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--epsilon", "0.1", "--model", str(tmp_path / "rm.json")])
     assert res.exit_code == 2 and "--model needs --pool" in " ".join(res.output.split())
+
+
+def test_a_real_service_answers_every_query_free_with_a_released_head(tmp_path):
+    """privalign serve with the embedded SmolLM2 policy and a released head on its features, on
+    loopback, through the stock openai client: 100 answers, nothing charged per query; the release
+    is in the ledger once across a restart and a second replica on the same ledger. (The head is the
+    shipped counting head's feature map and weights, recorded as a person-unit head, so that its
+    features fit the embedded policy; the serving path does not depend on its certificate.)"""
+    from importlib import resources
+
+    from openai import OpenAI
+
+    from privalign.ledger import Ledger
+
+    from .test_server import ADMIN, CLIENT, Server
+
+    shipped = PolicyBTReward.load(resources.files("privalign") / "data" / "counting-policy-bt.json")
+    shipped.meta = {**shipped.meta, "head_id": "test-head", "persons": 89,
+                    "procedure": {**shipped.meta["procedure"], "unit": "person"}}
+    release_head(shipped, 1.0, 1e-6, np.random.default_rng(0)).save(tmp_path / "public.json")
+    config = f"""
+admin_keys = ["{ADMIN}"]
+[clients.{CLIENT}]
+tenant = "default"
+[generator]
+max_new_tokens = 4
+[reward]
+kind = "policy-bt"
+path = "{tmp_path / 'public.json'}"
+[mechanism]
+name = "released-bon"
+n = 2
+[[budgets]]
+name = "default"
+epsilon_total = 0.5
+delta_total = 1e-6
+[model_budget]
+epsilon_total = 5.0
+delta_total = 1e-5
+"""
+    first = Server(tmp_path, config)
+    first.start(timeout=300)
+    second = None
+    try:
+        client = OpenAI(base_url=first.url + "/v1", api_key=CLIENT)
+        for i in range(100):
+            r = client.chat.completions.create(model="smollm2", max_tokens=4,
+                                               messages=[{"role": "user", "content": f"Count to {i % 7 + 2}."}])
+            block = r.model_extra["privalign"]
+            assert block["epsilon_charged"] == 0 and block["mechanism"] == "released-bon", block
+        first.stop()
+        first.start(timeout=300)  # a restart
+        second = Server(tmp_path, config)  # a second replica on the same ledger
+        second.config = tmp_path / "config2.toml"
+        second.config.write_text(first.config.read_text())
+        second.start(timeout=300)
+        for srv in (first, second):
+            r = OpenAI(base_url=srv.url + "/v1", api_key=CLIENT).chat.completions.create(
+                model="smollm2", max_tokens=4, messages=[{"role": "user", "content": "Count to 3."}])
+            assert r.model_extra["privalign"]["epsilon_charged"] == 0
+    finally:
+        for srv in (first, second):
+            if srv is not None:
+                srv.stop()
+    led = Ledger(str(first.ledger_path))
+    releases = [e for e in led.events("model") if e["kind"] == "release"]
+    assert len(releases) == 1 and releases[0]["epsilon"] == pytest.approx(1.0)
+    tenant = led.budget("default")
+    assert tenant.queries == 102 and tenant.spent.epsilon == 0 and led.check() == []
