@@ -320,7 +320,8 @@ def test_audit_of_a_composed_stream_stays_below_the_claimed_total():
     from privalign.rewards.policy_bt import train_policy_bt
 
     pid, y, raw = synthetic_pool()
-    model, _ = train_policy_bt(raw, pid, y, lambdas=(0.1,), components=(4,), seed=0, range_epsilon=0.0)
+    model, _ = train_policy_bt(raw, pid, y, lambdas=(0.1,), components=(4,), seed=0, range_epsilon=0.0,
+                               pairs_per_person=1, unit="pair")  # many pairs: a small Delta_r
     for k, eps in ((20, 0.3), (60, 0.1)):
         res = audit_stream(model, raw, pid, y, queries=k, epsilon=eps, runs=50_000, seed=1)
         assert res["epsilon_lower_bound"] <= res["claimed_zcdp"] <= res["claimed_basic"]
