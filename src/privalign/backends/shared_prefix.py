@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 
+from .hf_compat import output_cache
+
 
 def supports(model) -> bool:
     """Whether ``model`` has the Llama decoder layout this module computes with."""
@@ -92,11 +94,11 @@ def _rotate_half(x):
 class SharedPrefixDecoder:
     """One prompt, ``k`` samples, ``batch_size`` rows decoded at a time (see the module docstring)."""
 
-    def __init__(self, model, batch_size: int = 1024):
+    def __init__(self, model, batch_size: int | None = None):
         if not supports(model):
             raise ValueError(f"the shared-prefix sampler needs a Llama-family decoder, got "
                              f"{type(model).__name__} ({getattr(model.config, 'model_type', '?')})")
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
         self.model, self.batch_size = model, batch_size
         cfg = model.config
@@ -105,10 +107,20 @@ class SharedPrefixDecoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.scale = self.head_dim ** -0.5
 
+    def rows_per_batch(self, k: int, tokens: int, device) -> int:
+        """``batch_size`` when set; else 1024 on the CPU, and on CUDA as many of the ``k`` rows as
+        the free memory holds, each with its own suffix cache of ``tokens`` positions."""
+        from .devices import auto_batch_size
+
+        if self.batch_size is not None:
+            return self.batch_size
+        return auto_batch_size(self.model, device, "shared", k, tokens)
+
     def sample(self, prompt_ids, k: int, *, max_new_tokens: int, temperature: float, gen, eos: int,
-               features: bool = False):
+               features: bool = False, batch_size: int | None = None):
         """``k`` samples: (tokens (k, max_new_tokens) long, n_tokens (k,), logprob (k,) float64,
-        features (last, mean) as numpy arrays or None). ``prompt_ids`` is a 1-D tensor."""
+        features (last, mean) as float32 numpy arrays or None). ``prompt_ids`` is a 1-D tensor;
+        ``batch_size`` rows are decoded at a time (default ``rows_per_batch``)."""
         import torch
 
         dev = prompt_ids.device
@@ -118,11 +130,12 @@ class SharedPrefixDecoder:
         n_tok = torch.zeros(k, dtype=torch.long, device=dev)
         logprob = torch.zeros(k, dtype=torch.float64, device=dev)
         hid = self.model.config.hidden_size
-        last = torch.zeros((k, hid), device=dev) if features else None
-        total = torch.zeros((k, hid), device=dev) if features else None
+        last = torch.zeros((k, hid), dtype=torch.float32, device=dev) if features else None
+        total = torch.zeros((k, hid), dtype=torch.float32, device=dev) if features else None
         count = torch.zeros(k, device=dev) if features else None
-        for start in range(0, k, self.batch_size):
-            rows = torch.arange(start, min(k, start + self.batch_size), device=dev)
+        size = batch_size or self.rows_per_batch(k, max_new_tokens + 1, dev)
+        for start in range(0, k, size):
+            rows = torch.arange(start, min(k, start + size), device=dev)
             self._chunk(rows, pk, pv, first, p_len, max_new_tokens, temperature, gen, eos, tokens, n_tok, logprob,
                         (last, total, count) if features else None)
         feats = None
@@ -137,8 +150,9 @@ class SharedPrefixDecoder:
 
         with torch.no_grad():
             out = self.model(prompt_ids[None], use_cache=True)
-            pk = torch.stack([layer.keys[0] for layer in out["cache"].layers])
-            pv = torch.stack([layer.values[0] for layer in out["cache"].layers])
+            cache = output_cache(out)
+            pk = torch.stack([layer.keys[0] for layer in cache.layers])
+            pv = torch.stack([layer.values[0] for layer in cache.layers])
         return pk, pv, out.logits[0, -1].float()
 
     def _chunk(self, rows, pk, pv, first, p_len, max_new, temperature, gen, eos, tokens, n_tok, logprob, acc):
@@ -191,7 +205,8 @@ class SharedPrefixDecoder:
 
     @staticmethod
     def _accumulate(acc, rows, h):
-        last, total, count = acc
+        last, total, count = acc  # float32, whatever the model's dtype (bf16 index_put would refuse)
+        h = h.to(last.dtype)
         last[rows] = h
         total[rows] += h
         count[rows] += 1
@@ -241,7 +256,7 @@ def check_logits(model, prompt_ids, continuation) -> float:
         full = model(torch.cat([prompt_ids, torch.tensor(continuation, device=prompt_ids.device)])[None]).logits[0]
         pk, pv, _ = dec.prefill(prompt_ids)
         n_layers, width = pk.shape[0], len(continuation)
-        sk = torch.empty((n_layers, 1, dec.kv_heads, width, dec.head_dim), device=prompt_ids.device)
+        sk = torch.empty((n_layers, 1, dec.kv_heads, width, dec.head_dim), dtype=pk.dtype, device=prompt_ids.device)
         sv = torch.empty_like(sk)
         worst = 0.0
         p_len = int(prompt_ids.numel())

@@ -14,26 +14,37 @@ import json
 import math
 from pathlib import Path
 
+from . import hf_compat
 from .base import Generation, cache_dir, fresh_seed, smollm2_gguf
+from .devices import CPU_BATCH, auto_batch_size, checkpoint_dtype, out_of_memory, resolve_device, resolve_dtype
+from .hf_compat import cache_kwarg, output_cache
 
 
 def _load_gguf_cached(gguf: Path):
+    """The GGUF model in float32 and its tokenizer, converted once and cached as safetensors (in a
+    format every supported transformers release reads; ``hf_compat``)."""
     import torch
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / "models" / gguf.stem
-    if (target / "model.safetensors").exists() and (target / "config.json").exists():
-        return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32), AutoTokenizer.from_pretrained(target)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hf_compat.cache_current(target):
+        return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32), hf_compat.load_tokenizer(target)
+    tok = hf_compat.gguf_tokenizer(AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        setattr(model.config, name, getattr(tok, name))
+        if getattr(model, "generation_config", None) is not None:
+            setattr(model.generation_config, name, getattr(tok, name))
     tmp = target.with_name(target.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(tmp / "model.safetensors"))  # save_pretrained refuses GGUF-loaded models
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config))
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    hf_compat.save_weights(model, tmp / "model.safetensors")  # save_pretrained refuses GGUF-loaded models
+    (tmp / "config.json").write_text(json.dumps(hf_compat.portable_config(model.config.to_dict())))
     tok.save_pretrained(tmp)
+    hf_compat.write_cache_marker(tmp)
     if target.exists():
         import shutil
 
@@ -49,45 +60,60 @@ class TransformersGenerator:
     """Batched ancestral sampling; log-probabilities from the sampling scores.
 
     ``sampler="loop"`` (the default, which built the shipped pools) copies the prompt's KV cache
-    into each batch of ``batch_size`` rows (64) and decodes with the model's own forward pass.
-    ``sampler="shared"`` (Llama-family models) decodes ``batch_size`` rows (1024) of one prompt
+    into each batch of ``batch_size`` rows and decodes with the model's own forward pass.
+    ``sampler="shared"`` (Llama-family models) decodes ``batch_size`` rows of one prompt
     against a single copy of its cache (``shared_prefix``): the same law, several times faster for
     many short samples. It applies to one-prompt calls (``generate``); ``generate_many`` with
     several prompts (the service's merged batches) uses the loop.
+
+    ``batch_size=None`` picks it per call: 64 (loop) and 1024 (shared) on the CPU, and on CUDA as
+    many rows as half the free memory holds (``devices.auto_batch_size``). ``dtype`` is one of
+    ``devices.DTYPES``: ``auto`` computes in the checkpoint's dtype on a GPU and in float32 on the
+    CPU. Features and log-probabilities come back in float32/float64 numpy on the host, whatever
+    the device and dtype. A CUDA out-of-memory error is a one-line ``BackendError`` naming the
+    batch size to try.
     """
 
     def __init__(self, model: str = "smollm2", device: str | None = None, batch_size: int | None = None,
-                 threads: int | None = None, sampler: str = "loop"):
+                 threads: int | None = None, sampler: str = "loop", dtype: str | None = None):
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if threads:
             torch.set_num_threads(threads)
-        if model == "smollm2":
-            self.model, self.tokenizer = _load_gguf_cached(smollm2_gguf())
-            self.name = "SmolLM2-135M-Instruct (GGUF Q4_1, transformers)"
-        elif str(model).endswith(".gguf"):
-            self.model, self.tokenizer = _load_gguf_cached(Path(model))
-            self.name = Path(model).stem
+        self.device = resolve_device(device)
+        gguf = smollm2_gguf() if model == "smollm2" else Path(model) if str(model).endswith(".gguf") else None
+        if gguf is not None:
+            self.dtype = resolve_dtype(dtype, self.device)  # validated before the minutes of loading
+            self.model, self.tokenizer = _load_gguf_cached(gguf)
+            self.name = "SmolLM2-135M-Instruct (GGUF Q4_1, transformers)" if model == "smollm2" else gguf.stem
         else:
-            self.model = AutoModelForCausalLM.from_pretrained(model)
+            self.dtype = resolve_dtype(dtype, self.device, checkpoint_dtype(AutoConfig.from_pretrained(model)))
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype)
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             self.name = str(model)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model.to(self.device).eval()
+        self.model.to(device=self.device, dtype=self.dtype).eval()
         self.sampler = sampler
-        self.batch_size = batch_size or (1024 if sampler == "shared" else 64)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.batch_size = batch_size  # None: chosen per call for the device (devices.auto_batch_size)
         self._shared = None
         if sampler == "shared":
             from .shared_prefix import SharedPrefixDecoder
 
-            self._shared = SharedPrefixDecoder(self.model, self.batch_size)
+            self._shared = SharedPrefixDecoder(self.model, batch_size)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    def rows_per_batch(self, rows: int, tokens: int) -> int:
+        """``batch_size`` when set; otherwise the CPU default (64), or on CUDA as many of ``rows``
+        as the free memory holds for ``tokens`` positions each (``devices.auto_batch_size``)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return auto_batch_size(self.model, self.device, "loop", rows, tokens)
 
     def _prompt_ids(self, messages: list[dict]):
         import torch
@@ -147,14 +173,16 @@ class TransformersGenerator:
             if j == len(prompts):
                 prompts.append(ids)
             rows += [j] * k
-        prefix, mask = self._prefill(prompts)
+        size = self.rows_per_batch(len(rows), max(lengths) + max_new_tokens + 1)
         out: list[Generation] = []
-        for start in range(0, len(rows), self.batch_size):
-            idx = rows[start:start + self.batch_size]
-            if len(requests) == 1 or features:
-                out += self._sample(prefix, idx, mask, max_new_tokens, temperature, gen, eos, features)
-            else:
-                out += self._sample_compact(prefix, idx, mask, max_new_tokens, temperature, gen, eos)
+        with out_of_memory(size):
+            prefix, mask = self._prefill(prompts)
+            for start in range(0, len(rows), size):
+                idx = rows[start:start + size]
+                if len(requests) == 1 or features:
+                    out += self._sample(prefix, idx, mask, max_new_tokens, temperature, gen, eos, features)
+                else:
+                    out += self._sample_compact(prefix, idx, mask, max_new_tokens, temperature, gen, eos)
         res, at = [], 0
         for (_, k), length in zip(requests, lengths):
             res.append([dataclasses.replace(g, prompt_tokens=length) for g in out[at:at + k]])
@@ -170,9 +198,12 @@ class TransformersGenerator:
             raise ValueError(f"temperature must be positive, got {temperature!r}")
         gen = torch.Generator(device=self.device).manual_seed(fresh_seed(seed))
         ids = self._prompt_ids(messages)[0]
-        tokens, n_tok, logprob, feats = self._shared.sample(ids, k, max_new_tokens=max_new_tokens,
-                                                            temperature=temperature, gen=gen,
-                                                            eos=self.tokenizer.eos_token_id, features=features)
+        size = self._shared.rows_per_batch(k, max_new_tokens + 1, self.device)
+        with out_of_memory(size):
+            tokens, n_tok, logprob, feats = self._shared.sample(ids, k, max_new_tokens=max_new_tokens,
+                                                                temperature=temperature, gen=gen,
+                                                                eos=self.tokenizer.eos_token_id, features=features,
+                                                                batch_size=size)
         return [dataclasses.replace(g, prompt_tokens=int(ids.numel()))
                 for g in self._generations(tokens, n_tok, logprob, feats, max_new_tokens)]
 
@@ -209,7 +240,8 @@ class TransformersGenerator:
         with torch.no_grad():
             cache, done = None, 0
             if shared >= 8:
-                cache = self.model(prompts[0][None, :shared], use_cache=True, logits_to_keep=1)["cache"]
+                cache = self.model(prompts[0][None, :shared], use_cache=True, logits_to_keep=1)
+                cache = output_cache(cache)
                 cache.batch_repeat_interleave(len(prompts))
                 done = shared
             tails = [p[done:] for p in prompts]
@@ -225,19 +257,20 @@ class TransformersGenerator:
                 positions = (mask.cumsum(1) - 1).clamp(min=0)[:, done:]
             else:
                 ids = torch.stack(tails)
-            out = self.model(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                             logits_to_keep=1)
+            out = self.model(ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                             **{cache_kwarg(self.model): cache})
         return out, mask
 
     def _step(self, tokens, cache, mask=None, positions=None):
         """One decoding step through the base model: (last hidden state, logits, cache)."""
+        kw = {cache_kwarg(self.model.model): cache}
         if mask is None:
-            out = self.model.model(input_ids=tokens, cache=cache, use_cache=True)
+            out = self.model.model(input_ids=tokens, use_cache=True, **kw)
         else:
-            out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache,
-                                   use_cache=True)
+            out = self.model.model(input_ids=tokens, attention_mask=mask, position_ids=positions, use_cache=True,
+                                   **kw)
         h = out.last_hidden_state
-        return h, self.model.lm_head(h), out.cache
+        return h, self.model.lm_head(h), output_cache(out)
 
     def _sample(self, prefix, idx, prefix_mask, max_new_tokens, temperature, gen, eos,
                 features=False) -> list[Generation]:
@@ -247,7 +280,7 @@ class TransformersGenerator:
         import torch
 
         b = len(idx)
-        cache = copy.deepcopy(prefix["cache"])
+        cache = copy.deepcopy(output_cache(prefix))
         if prefix.logits.shape[0] == 1:
             cache.batch_repeat_interleave(b)
             logits = prefix.logits[:, -1, :].float().expand(b, -1)
@@ -305,7 +338,7 @@ class TransformersGenerator:
 
         b = len(idx)
         sel = torch.tensor(idx, device=self.device)
-        cache = copy.deepcopy(prefix["cache"])
+        cache = copy.deepcopy(output_cache(prefix))
         cache.batch_select_indices(sel)
         logits = prefix.logits[sel, -1, :].float()
         mask = positions = None
@@ -363,12 +396,13 @@ class TransformersGenerator:
                 width = max(len(t) for t in toks)
                 batch = torch.tensor([t + [eos] * (width - len(t)) for t in toks], device=self.device)
                 lengths = torch.tensor([len(t) for t in toks], device=self.device)
-                cache = copy.deepcopy(prefix["cache"])
+                cache = copy.deepcopy(output_cache(prefix))
                 cache.batch_repeat_interleave(len(chunk))
                 h, logits, _ = self._step(batch, cache)
                 mask = (torch.arange(width, device=self.device)[None, :] < lengths[:, None])
-                last = h[torch.arange(len(chunk)), lengths - 1]
-                mean = (h * mask[..., None]).sum(1) / lengths[:, None]
+                hf = h.float()  # features in float32, whatever the model's dtype
+                last = hf[torch.arange(len(chunk)), lengths - 1].cpu().numpy()
+                mean = ((hf * mask[..., None]).sum(1) / lengths[:, None]).cpu().numpy()
                 # log-probability of each response token (the EOS included), at temperature 1
                 first = prefix.logits[:, -1:, :].expand(len(chunk), -1, -1)
                 logp = torch.log_softmax(torch.cat([first, logits[:, :-1]], dim=1).float(), dim=-1)
@@ -379,7 +413,7 @@ class TransformersGenerator:
                         lp, count = float(tok_lp[i, :len(t) - 1].sum()), len(t) - 1
                     else:
                         lp, count = float(tok_lp[i].sum()), len(t)
-                    out.append(policy_features(last[i].numpy(), mean[i].numpy(), lp, count))
+                    out.append(policy_features(last[i], mean[i], lp, count))
         return np.stack(out)
 
 
@@ -394,6 +428,7 @@ class _FeatureAccumulator:
     def add(self, h, mask):
         import torch
 
+        h = h.float()  # accumulated in float32, whatever the model's dtype
         if self.sum is None:
             self.sum = torch.zeros_like(h)
             self.last = torch.zeros_like(h)
@@ -405,7 +440,7 @@ class _FeatureAccumulator:
 
     def result(self):
         mean = self.sum / self.count.clamp(min=1)[:, None]
-        return self.last.numpy(), mean.numpy()
+        return self.last.cpu().numpy(), mean.cpu().numpy()
 
 
 def policy_features(last, mean, logprob: float | None, n_tokens: int):
