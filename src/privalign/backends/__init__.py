@@ -11,11 +11,12 @@ BACKENDS = ("transformers", "llamacpp", "vllm", "openai")
 def make_generator(backend: str, model: str = "smollm2", base_url: str | None = None, **options) -> Generator:
     """The generator for a backend name; ``base_url`` is required by (and only used for) ``openai``,
     and so are most ``options`` (``OpenAIGenerator``'s api_key, chat, timeout, max_n_per_request,
-    extra_body, max_retries, max_concurrency); ``transformers`` takes ``sampler`` and ``batch_size``."""
+    extra_body, max_retries, max_concurrency); ``transformers`` takes ``sampler``, ``batch_size``,
+    ``dtype`` and ``device``."""
     if backend == "transformers":
         from .transformers_backend import TransformersGenerator
 
-        extra = set(options) - {"sampler", "batch_size"}
+        extra = set(options) - {"sampler", "batch_size", "dtype", "device"}
         if extra:
             raise ValueError(f"options {sorted(extra)} do not apply to the transformers backend")
         return TransformersGenerator(model, **{k: v for k, v in options.items() if v is not None})

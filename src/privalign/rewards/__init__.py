@@ -14,9 +14,15 @@ def _file_kind(path: str) -> str | None:
         return None
 
 
-def load_reward(spec: str) -> RewardModel:
+def load_reward(spec: str, *, dtype: str | None = None) -> RewardModel:
     """``minilm-bt:PATH`` or ``policy-bt:PATH`` (trained certified heads, or a released head:
-    ``rm release``), ``hf:PATH_OR_ID`` or ``http:URL``."""
+    ``rm release``), ``hf:PATH_OR_ID`` or ``http:URL``. ``dtype`` (``backends.devices.DTYPES``) is
+    what a torch model computes in: the policy of a policy-bt head, or an hf reward model."""
+    if dtype is not None:
+        from ..backends.devices import DTYPES
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     kind, _, arg = spec.partition(":")
     if kind in ("minilm-bt", "policy-bt", "hf", "http") and not arg.strip():
         what = "URL" if kind == "http" else "PATH_OR_ID" if kind == "hf" else "PATH"
@@ -28,13 +34,12 @@ def load_reward(spec: str) -> RewardModel:
         from .policy_bt import PolicyBTReward
         from .release import RELEASED_KIND, ReleasedHead
 
-        if _file_kind(arg) == RELEASED_KIND:
-            return ReleasedHead.load(arg)
-        return PolicyBTReward.load(arg)
+        head = ReleasedHead.load(arg) if _file_kind(arg) == RELEASED_KIND else PolicyBTReward.load(arg)
+        return head.use_policy(dtype=dtype)
     if kind == "hf":
         from .hf import HFReward
 
-        return HFReward(arg)
+        return HFReward(arg, **({"dtype": dtype} if dtype is not None else {}))
     if kind == "http":
         return HTTPReward(arg, (-1e9, 1e9))
     raise ValueError(f"reward must be minilm-bt:PATH, policy-bt:PATH, hf:PATH_OR_ID or http:URL, got {spec!r}")

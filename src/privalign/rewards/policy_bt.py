@@ -97,13 +97,24 @@ class FeatureMap:
 class PolicyScoring:
     """Scoring through the policy's own features: ``score`` recomputes raw features of each response
     by teacher forcing with the base model (loaded on first use) in the task's chat format, then
-    calls ``score_features``. Needs ``base_model``, ``task``, ``_generator`` and ``score_features``."""
+    calls ``score_features``. Needs ``base_model``, ``task``, ``_generator`` and ``score_features``.
+    ``use_policy(dtype=, device=)`` sets how the policy is loaded (``TransformersGenerator``'s options);
+    the features come back in float32 whatever the dtype."""
+
+    policy_options: dict = {}
+
+    def use_policy(self, **options):
+        """Load the policy with these ``TransformersGenerator`` options (``dtype``, ``device``,
+        ``batch_size``; None values are dropped) on first use; returns self."""
+        self.policy_options = {k: v for k, v in options.items() if v is not None}
+        self._generator = None
+        return self
 
     def _policy(self):
         if self._generator is None:
             from ..backends.transformers_backend import TransformersGenerator
 
-            self._generator = TransformersGenerator(self.base_model)
+            self._generator = TransformersGenerator(self.base_model, **self.policy_options)
         return self._generator
 
     def messages(self, prompt: str) -> list[dict]:

@@ -88,6 +88,8 @@ def build_generator(cfg: ServiceConfig):
         options = {"api_key": api_key, "chat": g.chat, "timeout": g.timeout, "max_retries": g.max_retries,
                    "max_n_per_request": g.max_n_per_request, "extra_body": g.extra_body,
                    "max_concurrency": g.max_concurrency or 64}
+    if g.backend == "transformers":
+        options = {k: v for k, v in (("dtype", g.dtype), ("device", g.device)) if v is not None}
     generator = make_generator(g.backend, g.model, g.base_url or "http://127.0.0.1:8001", **options)
     if g.backend in ("transformers", "llamacpp"):  # embedded: concurrent requests share batched decoding
         from ..backends.batching import BatchingGenerator
@@ -111,7 +113,7 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
         path = r.path
         if r.kind == "minilm-bt" and path is None:  # the embedded default model pair
             path = str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json")
-        model = load_reward(f"{r.kind}:{path}")
+        model = load_reward(f"{r.kind}:{path}", dtype=r.dtype)
     if r.output_range is not None:
         model.output_range = tuple(r.output_range)
     if r.sensitivity is not None:

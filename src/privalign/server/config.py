@@ -78,6 +78,10 @@ class GeneratorConfig(_Section):
     # call of up to batch_max sequences, collected for at most batch_wait_ms (backends/batching.py)
     batch_max: int = Field(64, ge=1)
     batch_wait_ms: float = Field(5.0, ge=0)
+    # transformers backend: the dtype the model computes in (auto: the checkpoint's on a GPU,
+    # float32 on the CPU) and its device (default: CUDA when present)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    device: str | None = None
     # backend calls in flight at once (default: what the backend declares; openai and stub 64, the
     # embedded ones batch_max, vllm 1) and requests admitted beyond them to wait; past both, 503 + Retry-After
     max_concurrency: int | None = Field(None, ge=1)
@@ -97,12 +101,20 @@ class GeneratorConfig(_Section):
             raise ValueError("give generator.api_key or generator.api_key_env, not both")
         return self
 
+    @model_validator(mode="after")
+    def _torch_only(self):
+        if (self.dtype is not None or self.device is not None) and self.backend != "transformers":
+            raise ValueError(f"dtype and device apply to the transformers backend, not {self.backend!r}")
+        return self
+
 
 class RewardConfig(_Section):
     kind: Literal["minilm-bt", "policy-bt", "hf", "http", "stub"] = "minilm-bt"
     path: str | None = None
     output_range: tuple[float, float] | None = None
     sensitivity: float | None = Field(None, gt=0)
+    # policy-bt (its policy) and hf: the dtype the reward's model computes in
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     # merge concurrent requests' scoring into one call (default: every kind but the stub)
     batch: bool | None = None
     # stub only, for fault drills and tests: scoring raises ValueError on a prompt containing this text
@@ -114,6 +126,12 @@ class RewardConfig(_Section):
         if v is not None and not v[0] < v[1]:
             raise ValueError(f"output_range must satisfy lo < hi, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _dtype_applies(self):
+        if self.dtype is not None and self.kind not in ("policy-bt", "hf"):
+            raise ValueError(f"dtype applies to the policy-bt and hf reward kinds, not {self.kind!r}")
+        return self
 
 
 class MechanismConfig(_Section):
