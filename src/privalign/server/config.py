@@ -19,6 +19,8 @@ max_new_tokens = 8
 temperature = 1.0
 batch_max = 64                          # embedded (transformers, llamacpp): concurrent requests' samples
 batch_wait_ms = 5                       #   merged into one batch of up to batch_max, waiting <= batch_wait_ms
+# dtype = "auto"                        # transformers: auto (checkpoint's on a GPU, float32 on CPU) | bfloat16 | float16 | float32
+# device = "cuda"                       # transformers: default CUDA when present, else cpu
 # max_concurrency = 64                  # backend calls at once (default: openai/stub 64, embedded batch_max)
 # max_queue = 128                       # admitted requests waiting beyond those; then 503 + Retry-After
 # base_url = "http://127.0.0.1:8001"    # openai: the server, and optionally
@@ -30,6 +32,7 @@ kind = "minilm-bt"                      # minilm-bt | hf | http | stub
 path = "arithmetic-minilm-bt.json"
 output_range = [-3.72, 3.72]            # declared before seeing data; scores are clipped to it
 sensitivity = 0.4                       # Delta_r in score units (default: the range's width)
+# dtype = "bfloat16"                    # policy-bt (its policy) and hf: what the reward's model computes in
 
 [mechanism]
 name = "privbon"                        # privbon | privitp (default privbon: pure epsilon 1 per query)
