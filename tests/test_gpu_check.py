@@ -162,3 +162,20 @@ def test_the_embedded_models_cache_is_portable_and_its_tokenizer_right(tmp_path,
     assert not hf_compat.cache_current(folder)
     _load_gguf_cached(smollm2_gguf())
     assert hf_compat.cache_current(folder)
+
+
+def test_the_service_config_takes_dtype_device_and_batch_size_where_they_apply():
+    from pydantic import ValidationError
+
+    from privalign.server.config import ServiceConfig
+
+    g = ServiceConfig.model_validate({"generator": {"backend": "transformers", "dtype": "bfloat16", "device": "cuda",
+                                                    "batch_size": 256},
+                                      "reward": {"kind": "policy-bt", "path": "x.json", "dtype": "float32"}})
+    assert (g.generator.dtype, g.generator.device, g.generator.batch_size, g.reward.dtype) == (
+        "bfloat16", "cuda", 256, "float32")
+    for bad, match in (({"generator": {"backend": "stub", "dtype": "bfloat16"}}, "apply to the transformers backend"),
+                       ({"reward": {"kind": "minilm-bt", "dtype": "bfloat16"}}, "not 'minilm-bt'"),
+                       ({"generator": {"dtype": "half"}}, "half")):
+        with pytest.raises(ValidationError, match=match):
+            ServiceConfig.model_validate(bad)

@@ -89,7 +89,8 @@ def build_generator(cfg: ServiceConfig):
                    "max_n_per_request": g.max_n_per_request, "extra_body": g.extra_body,
                    "max_concurrency": g.max_concurrency or 64}
     if g.backend == "transformers":
-        options = {k: v for k, v in (("dtype", g.dtype), ("device", g.device)) if v is not None}
+        options = {k: v for k, v in (("dtype", g.dtype), ("device", g.device), ("batch_size", g.batch_size))
+                   if v is not None}
     generator = make_generator(g.backend, g.model, g.base_url or "http://127.0.0.1:8001", **options)
     if g.backend in ("transformers", "llamacpp"):  # embedded: concurrent requests share batched decoding
         from ..backends.batching import BatchingGenerator

@@ -85,6 +85,7 @@ class GeneratorConfig(_Section):
     # float32 on the CPU) and its device (default: CUDA when present)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
     device: str | None = None
+    batch_size: int | None = Field(None, ge=1)  # rows decoded at once (default: the device's; devices.auto_batch_size)
     # backend calls in flight at once (default: what the backend declares; openai and stub 64, the
     # embedded ones batch_max, vllm 1) and requests admitted beyond them to wait; past both, 503 + Retry-After
     max_concurrency: int | None = Field(None, ge=1)
@@ -106,8 +107,8 @@ class GeneratorConfig(_Section):
 
     @model_validator(mode="after")
     def _torch_only(self):
-        if (self.dtype is not None or self.device is not None) and self.backend != "transformers":
-            raise ValueError(f"dtype and device apply to the transformers backend, not {self.backend!r}")
+        if (self.dtype, self.device, self.batch_size) != (None, None, None) and self.backend != "transformers":
+            raise ValueError(f"dtype, device and batch_size apply to the transformers backend, not {self.backend!r}")
         return self
 
 
