@@ -372,6 +372,35 @@ class TransformersGenerator:
                 logits = step_logits[:, -1, :].float()
         return self._generations(tokens, n_tok, logprob, None, max_new_tokens)
 
+    def token_logprobs(self, messages: list[dict], text: str, *, top: int = 0,
+                       temperature: float = 1.0) -> list[dict]:
+        """The log-probability of each token of ``text`` as the answer to ``messages`` under the
+        policy at ``temperature`` (the law its candidates are sampled from), by one teacher-forced
+        pass: ``[{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}] * top}]``.
+        ``text`` is encoded as the tokenizer encodes it (which may split it differently from the
+        sampled tokens). The policy does not read the private data, so this is post-processing."""
+        import torch
+
+        toks = self.tokenizer.encode(text, add_special_tokens=False)
+        if not toks:
+            return []
+        ids = self._prompt_ids(messages)[0]
+        full = torch.cat([ids, torch.tensor(toks, dtype=ids.dtype, device=self.device)])[None]
+        with torch.no_grad(), out_of_memory(1):
+            logits = self.model(full).logits[0, ids.numel() - 1:-1].float()
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        chosen = logp.gather(1, torch.tensor(toks, device=self.device)[:, None])[:, 0].double().cpu().tolist()
+        alt = logp.topk(top, dim=-1) if top else None
+        alt_v = alt.values.double().cpu().tolist() if top else None
+        alt_i = alt.indices.cpu().tolist() if top else None
+
+        def entry(i, lp):
+            piece = self.tokenizer.decode([i])
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+
+        return [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in zip(alt_i[j], alt_v[j])] if top else []}
+                for j, (t, lp) in enumerate(zip(toks, chosen))]
+
     def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64,
                   closed: list[bool] | None = None):
         """Policy features of given responses to one chat prompt, by teacher forcing: the

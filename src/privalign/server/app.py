@@ -194,6 +194,9 @@ class Service:
         threading.Thread(target=self._keepalive, daemon=True).start()
         self.deployment = configure(self.ledger, cfg)  # the ledger's settings win over this config's
         self.generator = generator or build_generator(cfg)
+        # the answer's per-token log-probabilities under the policy (OpenAI's logprobs), where the
+        # backend computes them (transformers): the policy does not read D, so they are post-processing
+        self.token_logprobs = getattr(getattr(self.generator, "generator", self.generator), "token_logprobs", None)
         self.reward = reward or build_reward(cfg)
         self.model_budget = self.deployment.model_budget
         self.release_charged = False
@@ -460,8 +463,10 @@ class Service:
 
     # ------------------------------------------------------------------ one query
     def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None,
-               temperature: float | None = None, stop: tuple[str, ...] = ()) -> dict:
-        """One query: validate, reserve, generate (every candidate cut at ``stop``), score, select, settle."""
+               temperature: float | None = None, stop: tuple[str, ...] = (), logprobs: int | None = None) -> dict:
+        """One query: validate, reserve, generate (every candidate cut at ``stop``), score, select, settle.
+        ``logprobs`` (None: not asked) returns the answer's per-token log-probabilities under the policy
+        with that many alternatives each (``token_logprobs``); asking a backend without them is a 400."""
         t0 = time.perf_counter()
         messages = self.check_messages(messages)
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
@@ -473,8 +478,11 @@ class Service:
                                         or not 0 < temperature <= 2):
             raise ApiError(400, "invalid_request", f"temperature must lie in (0, 2] (the candidates are samples of "
                                                    f"the policy), got {temperature!r}")
+        if logprobs is not None and self.token_logprobs is None:
+            raise ApiError(400, "invalid_request", f"logprobs: the {self.cfg.generator.backend} backend does not return "
+                                                   "per-token log-probabilities; leave logprobs out", param="logprobs")
         o = self.options(ext, tenant)
-        o["stop"], o["tenant"] = tuple(stop), tenant
+        o["stop"], o["tenant"], o["logprobs"] = tuple(stop), tenant, logprobs
         slot = self._slots.setdefault(tenant, threading.BoundedSemaphore(self.cfg.max_inflight_per_tenant))
         if not slot.acquire(blocking=False):
             raise ApiError(429, "too_many_requests", f"this tenant already has {self.cfg.max_inflight_per_tenant} "
@@ -519,6 +527,8 @@ class Service:
         try:
             usage = {"prompt_tokens": 0, "completion_tokens": 0}
             chosen, sel, generated = self._select(messages, o, max_tokens, temperature, usage)
+            token_lp = None if o["logprobs"] is None else self.token_logprobs(
+                messages, chosen.text, top=o["logprobs"], temperature=temperature or self.cfg.generator.temperature)
         except BaseException as e:
             # generation or scoring failed after the reservation: charge the worst case (never refund)
             self._settle_worst_case(rid)
@@ -549,7 +559,8 @@ class Service:
         self.m_latency.observe(time.perf_counter() - t0)
         # usage: the prompt once, and every candidate generated for this answer (what the backend produced)
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage, "privalign": {
+        return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage,
+                "logprobs": token_lp, "privalign": {
             "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
             "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
             "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),

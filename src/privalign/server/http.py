@@ -75,6 +75,21 @@ class AccessLog:
         access.info("%s %s %d %.1fms request_id=%s tenant=%s budget=%s epsilon=%s user=%s", *fields)
 
 
+
+def render_logprobs(entries: list[dict], kind: str, offset: int) -> dict:
+    """Per-token log-probabilities in OpenAI's shape: chat's ``{"content": [...], "refusal": null}``,
+    or /v1/completions' parallel lists (``tokens``, ``token_logprobs``, ``top_logprobs`` as
+    token -> logprob maps, ``text_offset`` from ``offset``)."""
+    if kind == "chat.completion":
+        return {"content": entries, "refusal": None}
+    offsets, at = [], offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
+            "text_offset": offsets}
+
 def _access_to_stderr():
     """The access log's default destination: stderr, one timestamped line per request."""
     if not access.handlers:
@@ -165,7 +180,7 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         if params.candidates is not None:  # best_of: the number of candidates, as privalign.n
             ext = {**(ext or {}), "n": params.candidates}
         out = await run_in_threadpool(svc.answer, messages, ext, tenant, params.max_tokens, params.temperature,
-                                      params.stop)
+                                      params.stop, params.logprobs)
         p = out["privalign"]
         request.state.request_id, request.state.budget = p["request_id"], p["budget"]
         request.state.epsilon = repr(p["epsilon_charged"])
@@ -181,17 +196,29 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
         head = {"id": rid, "object": obj, "created": int(time.time()), "model": body.get("model") or svc.model_names[0]}
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        def choice(text, finish=None, first=False):
+        def choice(text, finish=None, first=False, lp=None):
             if kind == "chat.completion":
                 delta = ({"role": "assistant", "content": text} if first else {"content": text}) if text is not None else {}
-                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+                return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lp}
+            return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": lp}
 
         def events():
-            text = out["text"]
-            pieces = [text[i:i + 16] for i in range(0, len(text), 16)] or [""]
-            for i, piece in enumerate(pieces):
-                yield f"data: {json.dumps({**head, 'choices': [choice(piece, first=i == 0)]})}\n\n"
+            text, entries = out["text"], out.get("logprobs")
+            if entries is not None:  # a chunk per token with its log-probabilities, or one chunk when the
+                at = 0              # tokens' texts do not join to the answer (a character split across tokens)
+                groups = ([[e] for e in entries] if "".join(e["token"] for e in entries) == text else [entries])
+                pieces, lps = [], []
+                for g in groups:
+                    piece = "".join(e["token"] for e in g) if len(groups) > 1 else text
+                    pieces.append(piece)
+                    lps.append(render_logprobs(g, kind, at))
+                    at += len(piece)
+                pieces, lps = pieces or [""], lps or [render_logprobs([], kind, 0)]
+            else:
+                pieces = [text[i:i + 16] for i in range(0, len(text), 16)] or [""]
+                lps = [None] * len(pieces)
+            for i, (piece, lp) in enumerate(zip(pieces, lps)):
+                yield f"data: {json.dumps({**head, 'choices': [choice(piece, first=i == 0, lp=lp)]})}\n\n"
             last = {**head, "choices": [choice(None, out["finish_reason"])], "privalign": out["privalign"]}
             yield f"data: {json.dumps(last)}\n\n"
             if usage:
@@ -204,7 +231,9 @@ def create_app(cfg: ServiceConfig, service: Service | None = None):
     def reply(out: dict, body: dict, kind: str, choice: dict) -> JSONResponse:
         return JSONResponse({"id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + out["privalign"]["request_id"],
                              "object": kind, "created": int(time.time()), "model": body.get("model") or svc.model_names[0],
-                             "choices": [{"index": 0, **choice, "finish_reason": out["finish_reason"], "logprobs": None}],
+                             "choices": [{"index": 0, **choice, "finish_reason": out["finish_reason"],
+                                          "logprobs": None if out.get("logprobs") is None else
+                                          render_logprobs(out["logprobs"], kind, 0)}],
                              "usage": out["usage"], "privalign": out["privalign"]})
 
     # the two answering routes are plain Starlette routes: they take the raw request and build their

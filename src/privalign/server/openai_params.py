@@ -9,9 +9,10 @@ refused too: a typo must not be answered, and charged, as if it had been underst
 Honoured: ``model``, ``messages`` / ``prompt``, ``max_tokens`` and ``max_completion_tokens`` (the same
 cap), ``temperature``, ``stop`` (every candidate is cut at the first stop string before it is scored),
 ``user`` (logged), ``n`` = 1 (one selected choice), ``best_of`` on /v1/completions (the number of
-candidates, as ``privalign.n``), ``stream``, ``stream_options``, ``privalign``. ``logprobs`` and
-``top_logprobs`` ask for per-token log-probabilities under the policy, which no configured backend
-returns yet: asking for them is refused (false / 0 / null is accepted).
+candidates, as ``privalign.n``), ``stream``, ``stream_options``, ``privalign``, and ``logprobs`` /
+``top_logprobs``: the returned answer's per-token log-probabilities under the policy, where the
+backend computes them (transformers; the service refuses them for any other backend). The policy
+does not read the private data, so they are post-processing of the answer and cost nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class OpenAIParams:
     stop: tuple[str, ...] = ()
     user: str | None = None
     candidates: int | None = None  # best_of: the number of candidates (privalign.n)
+    logprobs: int | None = None    # asked: the number of alternatives per token (top_logprobs); None: not asked
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -98,13 +100,28 @@ def check_params(body: dict, endpoint: str, token_cap: int, max_n: int) -> OpenA
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("user", f"must be a string, got {user!r}")
-    for key in ("logprobs", "top_logprobs"):
-        v = body.get(key)
-        if v not in (None, False, 0):
-            raise _bad(key, f"per-token log-probabilities are not returned by this service's generator; leave "
-                            f"{key} out (got {v!r})")
     return OpenAIParams(max_tokens=max_tokens, temperature=temperature, stop=_stop(body.get("stop")),
-                        user=user, candidates=_best_of(body, ext, max_n))
+                        user=user, candidates=_best_of(body, ext, max_n), logprobs=_logprobs(body, endpoint))
+
+
+def _logprobs(body: dict, endpoint: str) -> int | None:
+    """The alternatives per token asked for, or None when log-probabilities are not asked: chat takes
+    ``logprobs: true`` with ``top_logprobs`` in [0, 20]; /v1/completions ``logprobs`` in [0, 5]."""
+    v = body.get("logprobs")
+    if endpoint == "chat":
+        top = body.get("top_logprobs")
+        if v is not None and not isinstance(v, bool):
+            raise _bad("logprobs", f"must be true or false, got {v!r}")
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20):
+            raise _bad("top_logprobs", f"must be an integer in [0, 20], got {top!r}")
+        if top and not v:
+            raise _bad("top_logprobs", "needs logprobs: true")
+        return (top or 0) if v else None
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 5:
+        raise _bad("logprobs", f"must be an integer in [0, 5] (alternatives per token), got {v!r}")
+    return v
 
 
 def _max_tokens(body: dict, token_cap: int) -> int | None:
