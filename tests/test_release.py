@@ -224,6 +224,28 @@ def test_release_accuracy_tends_to_bon_as_the_noise_vanishes_and_falls_with_epsi
     assert lo["mean"] < hi["mean"] and lo["p5"] <= lo["mean"] and len(lo["accuracies"]) == 20
 
 
+def test_more_persons_mean_less_release_noise_and_the_fewest_pairs_for_a_share_are_found(trained):
+    """Delta_r = 4/(P' lambda) + 2 g_tol/lambda on P' persons: ten times the persons, a tenth of the
+    noise (g_tol = 0 here); the sizing's answer meets its target and 5% fewer persons do not."""
+    from privalign.rewards.release import pairs_for_share, release_accuracy, release_noise_scale
+
+    model, raw = trained
+    pid, y, _ = synthetic_pool()
+    own = model.meta["persons"]
+    assert release_noise_scale(model, 1.0, 1e-6, persons=own) == pytest.approx(release_noise_scale(model, 1.0, 1e-6))
+    if model.g_tol == 0:
+        assert release_noise_scale(model, 1.0, 1e-6, persons=10 * own) == pytest.approx(
+            release_noise_scale(model, 1.0, 1e-6) / 10)
+    got = pairs_for_share(model, raw, pid, y, 0.1, 1e-6, target=0.9, tail=0.8, n=8, draws=20)
+    assert got["pairs"] is not None and got["pairs"] == got["persons"] * model.k
+    r = got["result"]
+    assert r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8
+    if got["persons"] > own:
+        fewer = release_accuracy(model, raw, pid, y, 0.1, 1e-6, 8, 20, np.random.default_rng(0),
+                                 persons=int(got["persons"] / 1.06))
+        assert fewer["share_mean"] < 0.9 or fewer["share_p5"] < 0.8
+
+
 def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
     runner = CliRunner()
     pool = _train_pool(tmp_path)
@@ -239,6 +261,11 @@ def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
     out = " ".join(res.output.split())
     assert "release once at" in out and "5th percentile" in out and "exact head: BoN (n=8)" in out, res.output
     assert "recommended: " in out
+    res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--delta-total", "1e-6", "--queries", "10",
+                              "--model", str(tmp_path / "rm.json"), "--pool", str(pool), "--reward", "policy-bt",
+                              "--release-epsilon", "0.3", "--draws", "10", "--n", "8", "--target-share", "0.9"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0 and "epsilon_w 0.3:" in out and ("pairs (" in out or "do not keep" in out), res.output
     res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--epsilon", "0.1", "--model", str(tmp_path / "rm.json")])
     assert res.exit_code == 2 and "--model needs --pool" in " ".join(res.output.split())
 

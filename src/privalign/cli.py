@@ -936,7 +936,12 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
          release_epsilon: Optional[str] = typer.Option(None, help="with --model: epsilon_w values to compare "
                                                                   "(default: the budget's epsilon)"),
          draws: int = typer.Option(60, help="with --model: release draws averaged (and their 5th percentile)"),
-         seed: int = typer.Option(0, help="with --model: seed of the studied release draws")):
+         seed: int = typer.Option(0, help="with --model: seed of the studied release draws"),
+         target_share: Optional[float] = typer.Option(None, help="with --model: how many preference pairs make the "
+                                                                 "release keep this share of BoN's lift on average "
+                                                                 "(and --tail-share at the 5th percentile)?"),
+         tail_share: Optional[float] = typer.Option(None, help="with --target-share: the share the 5th percentile "
+                                                               "must keep (default: target - 0.1)")):
     """Plan a budget: queries per composition, or epsilon per query.
 
     basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass. With
@@ -1006,7 +1011,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
                             "conversion costs more than it saves at large epsilons per query and small totals")
     if model is not None:
         _plan_release(print_console, model, pool, release_epsilon, epsilon_total, delta_total, n, draws, seed,
-                      acc if pool is not None and desc is not None else None)
+                      acc if pool is not None and desc is not None else None, pairs, target_share, tail_share)
+    elif target_share is not None:
+        _fail("--target-share needs --model (the head whose release it sizes) and --pool")
     if refs is not None:
         print_console.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
                             f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
@@ -1015,13 +1022,22 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
 
 
 def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsilon_total, delta_total, n, draws,
-                  seed, per_query: dict | None) -> None:
-    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use."""
+                  seed, per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None,
+                  tail_share: Optional[float] = None) -> None:
+    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use; with
+    ``--pairs`` the release's noise is that of a head on that many pairs; with ``--target-share``
+    the fewest pairs for which the release keeps that share of BoN's lift."""
+    import math
+
     from rich.table import Table
 
     from .pipeline import pool_features
     from .rewards.policy_bt import PolicyBTReward
-    from .rewards.release import release_accuracy
+    from .rewards.release import pairs_for_share, release_accuracy
+
+    if target_share is not None and not 0 < target_share <= 1:
+        _fail(f"--target-share must lie in (0, 1], got {target_share!r}")
+    tail = (target_share - 0.1) if tail_share is None and target_share is not None else tail_share
 
     if pool is None:
         _fail("--model needs --pool: a pool of the head's policy with recorded features (privalign featurize)")
@@ -1034,8 +1050,10 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
     if raw is None:
         _fail(f"{pool} has no recorded policy features ({pool}.features.npz): run privalign featurize {pool}")
     eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
+    persons = None if pairs is None else max(1, math.ceil(pairs / head.k))
     table = Table(title=f"release once at (epsilon_w, {delta_total:g}), then BoN (n={n}): queries unlimited; "
-                        f"{draws} release draws")
+                        f"{draws} release draws" + ("" if persons is None else
+                                                    f"; noise of a head on {persons * head.k} pairs ({persons} persons)"))
     for col in ("epsilon_w", "accuracy (mean)", "5th percentile", "share of BoN's lift (mean / 5th pct)"):
         table.add_column(col, justify="right")
     rows = []
@@ -1043,7 +1061,7 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
         for e in eps_list:
             try:
                 r = release_accuracy(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
-                                     draws, np.random.default_rng(seed))
+                                     draws, np.random.default_rng(seed), persons=persons)
             except ValueError as err:
                 _fail(str(err))
             rows.append(r)
@@ -1053,6 +1071,20 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
     r0 = rows[0]
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
               f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
+    if target_share is not None:
+        with console.status("sizing the preference data"):
+            for e in eps_list:
+                got = pairs_for_share(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total,
+                                      target_share, tail, n, draws, seed)
+                r = got["result"]
+                if got["pairs"] is None:
+                    out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * head.k}"
+                              f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
+                              f"{r['share_p5']:.0%} at the 5th percentile)")
+                else:
+                    out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {head.k}) keep "
+                              f"{r['share_mean']:.0%} of the lift on average and {r['share_p5']:.0%} at the 5th "
+                              f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)")
     best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
     full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
     if best is not None and full is not None:

@@ -59,12 +59,17 @@ def check_release(model: PolicyBTReward, epsilon, delta) -> tuple[float, float]:
     return eps, dlt
 
 
-def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float) -> float:
-    """sigma: the analytic Gaussian scale for L2 sensitivity Delta_r = ``model.sensitivity``."""
+def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float, persons: int | None = None) -> float:
+    """sigma: the analytic Gaussian scale for L2 sensitivity Delta_r = ``model.sensitivity``, or, with
+    ``persons`` = P', the Delta_r of the same procedure on P' persons (m' = P' k pairs):
+    4 k / (m' lambda) + 2 g_tol / lambda."""
     from ..accounting import gaussian_mechanism_noise_scale
+    from .embedding_bt import certified_sensitivity
 
     eps, dlt = check_release(model, epsilon, delta)
-    return gaussian_mechanism_noise_scale(eps, model.sensitivity, dlt)
+    sens = model.sensitivity if persons is None else certified_sensitivity(int(persons) * model.k, model.lam, model.k,
+                                                                           model.g_tol)
+    return gaussian_mechanism_noise_scale(eps, sens, dlt)
 
 
 class ReleasedHead(PolicyScoring, RewardModel):
@@ -140,18 +145,22 @@ def release_head(model: PolicyBTReward, epsilon: float, delta: float,
 
 
 def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
-                     n: int = 16, draws: int = 60, rng: np.random.Generator | None = None) -> dict:
+                     n: int = 16, draws: int = 60, rng: np.random.Generator | None = None,
+                     persons: int | None = None) -> dict:
     """What a release at (epsilon, delta) keeps of BoN's lift on a pool, over ``draws`` release draws.
 
     For each draw w~ = w + sigma Z, BoN's accuracy at n (candidates drawn with replacement from each
     prompt's samples) is exact given the scores phi . w~ (``evaluation.laws.bon_exact``), averaged over
     prompts. Returns the mean, the 5th percentile and every draw's accuracy, beside BoN with the exact
     head and the base policy, and the share of BoN's lift (acc - base) / (bon - base) each keeps. A
-    deployment lives with one draw: the 5th percentile is its lower tail."""
+    deployment lives with one draw: the 5th percentile is its lower tail. With ``persons`` = P', the
+    noise is that of a head on P' persons (``release_noise_scale``) while w stays the head's own: what
+    more preference data buys through the noise alone (a head on more data is also a better head,
+    which this leaves out)."""
     from ..evaluation.laws import bon_exact
 
     eps, dlt = check_release(model, epsilon, delta)
-    sigma = release_noise_scale(model, eps, dlt)
+    sigma = release_noise_scale(model, eps, dlt, persons)
     pid = np.asarray(prompt_ids, str)
     y = np.asarray(correct, float)
     phi = model.feature_map(raw)
@@ -177,3 +186,37 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     return {"epsilon": eps, "delta": dlt, "sigma": sigma, "n": n, "draws": draws, "mean": float(acc.mean()),
             "p5": p5, "accuracies": acc.tolist(), "bon": float(bon), "base": float(base),
             "share_mean": share(acc.mean()), "share_p5": share(p5)}
+
+
+def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
+                    target: float = 0.9, tail: float = 0.8, n: int = 16, draws: int = 60, seed: int = 0,
+                    most: int = 10_000) -> dict:
+    """The fewest preference pairs m' = P' k for which a release at (epsilon, delta) keeps at least
+    ``target`` of BoN's lift on average and ``tail`` at the 5th percentile of the draws
+    (``release_accuracy`` with ``persons`` = P', the same draws for every P'). Bisection on log P'
+    between the head's own P and ``most`` times it, to 5%; returns {"pairs", "persons", "result"},
+    with ``pairs`` None when not even ``most`` times the data reaches the target."""
+    own = int(model.meta.get("persons", model.m // model.k))
+
+    def run(p):
+        return release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
+                                np.random.default_rng(seed), persons=p)
+
+    def meets(r):
+        return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
+
+    lo, hi = own, own * most
+    first = run(lo)
+    if meets(first):
+        return {"pairs": lo * model.k, "persons": lo, "result": first}
+    last = run(hi)
+    if not meets(last):
+        return {"pairs": None, "persons": None, "result": last}
+    while hi > lo * 1.05 and hi - lo > 1:
+        mid = int(round(math.sqrt(lo * hi)))
+        r = run(mid)
+        if meets(r):
+            hi, last = mid, r
+        else:
+            lo = mid
+    return {"pairs": hi * model.k, "persons": hi, "result": last}
