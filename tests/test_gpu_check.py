@@ -179,3 +179,19 @@ def test_the_service_config_takes_dtype_device_and_batch_size_where_they_apply()
                        ({"generator": {"dtype": "half"}}, "half")):
         with pytest.raises(ValidationError, match=match):
             ServiceConfig.model_validate(bad)
+
+
+def test_a_model_without_a_chat_template_is_refused_by_name(tmp_path):
+    gc = _gpu_check()
+    tok = gc.smollm2_tokenizer()
+    path = gc.build_model(tmp_path, "tiny", tok, dtype="float32")
+    from privalign.backends.hf_compat import load_tokenizer
+
+    bare = load_tokenizer(path)
+    bare.chat_template = None
+    bare.save_pretrained(path)
+    (Path(path) / "chat_template.jinja").unlink(missing_ok=True)
+    from privalign.backends.transformers_backend import TransformersGenerator
+
+    with pytest.raises(ValueError, match="has no chat template"):
+        TransformersGenerator(path)

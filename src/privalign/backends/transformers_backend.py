@@ -107,6 +107,9 @@ class TransformersGenerator:
             self._shared = SharedPrefixDecoder(self.model, batch_size)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(f"model {self.name!r} has no chat template: privalign sends prompts as chat messages, "
+                             "so it needs an instruction-tuned model (or a tokenizer with chat_template set)")
 
     def rows_per_batch(self, rows: int, tokens: int) -> int:
         """``batch_size`` when set; otherwise the CPU default (64), or on CUDA as many of ``rows``
