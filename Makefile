@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest test-all bench pools models pools-large clean
+.PHONY: demo test test-oldest test-all bench pools models models-person pools-large clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -82,6 +82,25 @@ models: $(STAMP)
 	for t in arithmetic-mix counting; do \
 	  $(BIN)/privalign audit --model $(DATA)/$$t-policy-bt.json --pool $(POOLS)/$$t-train.parquet --runs 200000 --seed 0 --out $(POOLS)/$$t-audit && \
 	  cp $(POOLS)/$$t-audit/audit.json $(DATA)/$$t-audit.json || exit 1; \
+	done
+
+# The person-unit heads of issue 28 (a person = a train prompt's grader, at most k = 16 pairs each;
+# docs/pipeline.md, "The unit of privacy: a person"), shipped beside the pair-unit heads above, and
+# their scores added to the shipped pools as reward:policy-bt-person. Uses the train pools and test
+# features of `make models` when present (about 40 min on 2 cores without them, 2 min with them).
+models-person: $(STAMP)
+	mkdir -p $(POOLS)
+	for t in arithmetic-mix counting mmlu-letters; do \
+	  s=$$([ $$t = mmlu-letters ] && echo 16 || echo 32); \
+	  [ -f $(POOLS)/$$t-train.parquet ] || $(BIN)/privalign generate --task $$t --split train --samples $$s --seed 1 --features --out $(POOLS)/$$t-train.parquet || exit 1; \
+	  $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --name policy-bt-person --out $(DATA)/$$t-policy-bt-person.json && \
+	  mv $(DATA)/$$t-policy-bt-person.private.json $(POOLS)/ && \
+	  cp $(DATA)/$$t-smollm2.parquet $(POOLS)/$$t-person.parquet && \
+	  { [ -f $(POOLS)/$$t-test.parquet.features.npz ] || $(BIN)/privalign featurize $(POOLS)/$$t-person.parquet; } && \
+	  { [ -f $(POOLS)/$$t-test.parquet.features.npz ] || mv $(POOLS)/$$t-person.parquet.features.npz $(POOLS)/$$t-test.parquet.features.npz; } && \
+	  ln -sf $$t-test.parquet.features.npz $(POOLS)/$$t-person.parquet.features.npz && \
+	  $(BIN)/privalign score $(POOLS)/$$t-person.parquet --reward policy-bt:$(DATA)/$$t-policy-bt-person.json && \
+	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-person.parquet $(DATA)/$$t-smollm2.parquet || exit 1; \
 	done
 
 # The large pools of issue 20 (docs/experiments.md, "Large pools"): 1,024 samples for each of the 300
