@@ -182,8 +182,7 @@ def check_reward(path: str, device: str, dtype: str, n: int, results: list, tag:
 
     from privalign.rewards.hf import HFReward
 
-    kwargs = {"dtype": dtype} if "dtype" in HFReward.__init__.__code__.co_varnames else {}
-    rm = HFReward(path, device=device, **kwargs)
+    rm = HFReward(path, device=device, dtype=dtype)  # batch size from the device, batched by length
     prompts = [PROMPT] * n
     responses = [("The answer is %d. " % i) * (1 + i % 7) for i in range(n)]
     scores, secs = _rate(lambda: rm.score(prompts, responses))

@@ -488,23 +488,32 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject],
 
 @app.command()
 def score(pool: Path = typer.Argument(...),
-          reward: list[str] = typer.Option(..., help="minilm-bt:PATH, policy-bt:PATH, hf:PATH_OR_ID or http:URL "
-                                                     "(repeatable)"),
+          reward: list[str] = typer.Option(..., help="minilm-bt:PATH, policy-bt:PATH, hf:PATH_OR_ID, vllm:URL (a "
+                                                     "vLLM server's classify API) or http:URL (repeatable)"),
           dtype: Optional[str] = typer.Option(None, help="policy-bt (its policy) and hf: auto (the checkpoint's "
                                                          "dtype on a GPU, float32 on the CPU), bfloat16, float16 "
-                                                         "or float32")):
+                                                         "or float32"),
+          trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                                 help="hf: run the checkpoint's own modelling code (ArmoRM, ...)"),
+          batch_size: Optional[int] = typer.Option(None, help="hf: rows per forward pass (default: 16 on the CPU, "
+                                                              "from free memory on a GPU); vllm: texts per request")):
     """Score a pool's responses with reward models: adds one reward:<name> column each."""
+    from .backends.base import BackendError
     from .pipeline import score_pool
     from .rewards import load_reward
 
     _check_dtype(dtype)
     try:
-        models = [load_reward(r, dtype=dtype) for r in reward]
-    except (ValueError, OSError) as e:
+        models = [load_reward(r, dtype=dtype, trust_remote_code=trust_remote_code, batch_size=batch_size)
+                  for r in reward]
+    except (ValueError, OSError, BackendError) as e:
         _fail(str(e))
-    with _progress() as bar:
-        job = bar.add_task("scoring", total=None)
-        p = score_pool(pool, models, progress=lambda d, t: bar.update(job, completed=d, total=t))
+    try:
+        with _progress() as bar:
+            job = bar.add_task("scoring", total=None)
+            p = score_pool(pool, models, progress=lambda d, t: bar.update(job, completed=d, total=t))
+    except (ValueError, BackendError) as e:
+        _fail(f"scoring {pool}: {e}")
     console.print(f"scored {pool}: rewards {p.reward_names}, clipped {p.metadata.get('clipped')}")
 
 

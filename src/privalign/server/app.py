@@ -114,7 +114,8 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
         path = r.path
         if r.kind == "minilm-bt" and path is None:  # the embedded default model pair
             path = str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json")
-        model = load_reward(f"{r.kind}:{path}", dtype=r.dtype)
+        model = load_reward(f"{r.kind}:{path}", dtype=r.dtype, trust_remote_code=r.trust_remote_code,
+                            batch_size=r.batch_size)
     if r.output_range is not None:
         model.output_range = tuple(r.output_range)
     if r.sensitivity is not None:

@@ -28,11 +28,13 @@ batch_wait_ms = 5                       #   merged into one batch of up to batch
 # max_retries = 3, max_n_per_request = 8, extra_body = {top_p = 1.0}
 
 [reward]
-kind = "minilm-bt"                      # minilm-bt | hf | http | stub
+kind = "minilm-bt"                      # minilm-bt | policy-bt | hf | vllm | http | stub
 path = "arithmetic-minilm-bt.json"
 output_range = [-3.72, 3.72]            # declared before seeing data; scores are clipped to it
 sensitivity = 0.4                       # Delta_r in score units (default: the range's width)
 # dtype = "bfloat16"                    # policy-bt (its policy) and hf: what the reward's model computes in
+# trust_remote_code = true              # hf: run the checkpoint's own code (ArmoRM); off by default
+# batch_size = 64                       # hf: rows per forward pass; vllm (path = the server's URL): texts per call
 
 [mechanism]
 name = "privbon"                        # privbon | privitp (default privbon: pure epsilon 1 per query)
@@ -113,12 +115,16 @@ class GeneratorConfig(_Section):
 
 
 class RewardConfig(_Section):
-    kind: Literal["minilm-bt", "policy-bt", "hf", "http", "stub"] = "minilm-bt"
+    kind: Literal["minilm-bt", "policy-bt", "hf", "vllm", "http", "stub"] = "minilm-bt"
     path: str | None = None
     output_range: tuple[float, float] | None = None
     sensitivity: float | None = Field(None, gt=0)
     # policy-bt (its policy) and hf: the dtype the reward's model computes in
     dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    # hf: let the checkpoint's own modelling code run (ArmoRM and other custom reward models)
+    trust_remote_code: bool = False
+    # hf: rows per forward pass (default: from the device); vllm: texts per classify call
+    batch_size: int | None = Field(None, gt=0)
     # merge concurrent requests' scoring into one call (default: every kind but the stub)
     batch: bool | None = None
     # stub only, for fault drills and tests: scoring raises ValueError on a prompt containing this text
@@ -135,6 +141,10 @@ class RewardConfig(_Section):
     def _dtype_applies(self):
         if self.dtype is not None and self.kind not in ("policy-bt", "hf"):
             raise ValueError(f"dtype applies to the policy-bt and hf reward kinds, not {self.kind!r}")
+        if self.trust_remote_code and self.kind != "hf":
+            raise ValueError(f"trust_remote_code applies to the hf reward kind, not {self.kind!r}")
+        if self.batch_size is not None and self.kind not in ("hf", "vllm"):
+            raise ValueError(f"batch_size applies to the hf and vllm reward kinds, not {self.kind!r}")
         return self
 
 
