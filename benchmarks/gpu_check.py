@@ -187,7 +187,28 @@ def check_reward(path: str, device: str, dtype: str, n: int, results: list, tag:
     responses = [("The answer is %d. " % i) * (1 + i % 7) for i in range(n)]
     scores, secs = _rate(lambda: rm.score(prompts, responses))
     results.append(dict(path="hf-reward", model=tag, samples=n, seconds=secs, samples_per_s=n / secs,
+                        batch_size=rm._rows(n, max(len(rm.encode(p, r)) for p, r in zip(prompts, responses))),
                         ok=_finite(scores) and len(scores) == n))
+    naive, secs = _rate(lambda: naive_reward_scores(rm, prompts, responses, 64))
+    results.append(dict(path="hf-reward-before", model=tag, samples=n, seconds=secs, samples_per_s=n / secs,
+                        batch_size=64, ok=_finite(naive) and len(naive) == n))
+
+
+def naive_reward_scores(rm, prompts, responses, batch_size: int):
+    """The baseline: how ``HFReward`` scored before issue 29 (the template rendered to text and
+    tokenized again, the tokenizer's padding, the model's own pooling, in input order, 64 rows)."""
+    import numpy as np
+    import torch
+
+    tok = rm.tokenizer
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": r}],
+                                     tokenize=False) for p, r in zip(prompts, responses)]
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True).to(rm.device)
+        with torch.no_grad():
+            out.append(rm.model(**enc).logits[:, 0].float().cpu().numpy())
+    return np.concatenate(out)
 
 
 def check_service(path: str, device: str, dtype: str, results: list, tag: str) -> None:

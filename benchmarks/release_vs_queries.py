@@ -1,7 +1,8 @@
 """Release once, then BoN, against per-query Gumbel PrivBoN spending the same total (issue 28, item 4).
 
     .venv/bin/python benchmarks/release_vs_queries.py HEAD.json POOL.parquet \
-        [--epsilon-w 0.1,0.3,1] [--queries 10,100,1000,10000] [--n 16] [--draws 60] [--delta 1e-6]
+        [--epsilon-w 0.1,0.3,1] [--queries 10,100,1000,10000] [--n 16] [--draws 60] [--delta 1e-6] \
+        [--out rows.json] [--figure FOLDER]
 
 HEAD is a certified policy-bt head at the person unit (``rm train``), POOL a pool of its policy with
 recorded features (``privalign featurize``). For each total epsilon_w and each workload of Q
@@ -46,7 +47,8 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=60)
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--figure", help="write the figure (accuracy against Q, one line per mode) to this folder")
     a = ap.parse_args()
     head = PolicyBTReward.load(a.head)
     head.name = "study-head"
@@ -84,6 +86,12 @@ def main() -> None:
     if a.out:
         Path(a.out).write_text(json.dumps({"head": a.head, "pool": a.pool, "bon": refs["bon"], "base": refs["base"],
                                            "rows": rows}, indent=1))
+    if a.figure:
+        from privalign.report.figures import release_vs_queries
+
+        Path(a.figure).mkdir(parents=True, exist_ok=True)
+        release_vs_queries(rows, refs["bon"], refs["base"], Path(a.figure), f"release_vs_queries-{Path(a.head).stem}",
+                           f"{Path(a.head).stem}: release once vs per-query noise, delta {a.delta:g}")
 
 
 if __name__ == "__main__":

@@ -183,3 +183,32 @@ def audit_bars(rows: list[dict], out: Path, name: str = "audit") -> list[str]:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, out, name)
+
+
+def release_vs_queries(rows: list[dict], bon: float, base: float, out: Path, name: str = "release_vs_queries",
+                       title: str = "") -> list[str]:
+    """Accuracy against the number of queries one budget answers, one line per mode and total
+    epsilon_w: per-query Gumbel PrivBoN under zCDP (falls with Q: each query gets less), and the head
+    released once then BoN (flat in Q: its queries are free), with its 5th percentile over release
+    draws as a dashed line; exact BoN and the base policy for scale."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 3.9))
+    totals = sorted({r["epsilon_w"] for r in rows})
+    cmap = plt.get_cmap("viridis")
+    for i, e in enumerate(totals):
+        rs = sorted((r for r in rows if r["epsilon_w"] == e), key=lambda r: r["queries"])
+        q = np.array([r["queries"] for r in rs], float)
+        color = cmap(i / max(len(totals) - 1, 1))
+        per = np.array([np.nan if r["per_query_accuracy"] is None else r["per_query_accuracy"] for r in rs])
+        ax.plot(q, per, marker="o", ms=3, color=color, ls=":", label=f"per-query PrivBoN, total {e:g}")
+        ax.plot(q, [r["release_mean"] for r in rs], color=color, lw=2, label=f"released at {e:g}, then BoN")
+        ax.plot(q, [r["release_p5"] for r in rs], color=color, lw=1, ls="--")
+    ax.axhline(bon, color=COLORS["bon"], lw=1, label="BoN, exact head (not private)")
+    ax.axhline(base, color="#777", lw=1, label="base policy")
+    ax.set_xscale("log")
+    ax.set_xlabel("queries answered within the budget (Q)")
+    ax.set_ylabel("accuracy at n = 16")
+    ax.set_title(title or "release once vs per-query noise (dashed: release's 5th percentile)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.grid(alpha=0.3)
+    return _save(fig, out, name)
