@@ -18,6 +18,9 @@ The attack (a distinguishing test between neighbouring preference data sets):
 BoN, which is not private, must give a large lower bound (the attack has power); every private
 mechanism's must stay below its claimed epsilon. The realised max |r_D - r_D'| over the train
 samples is reported beside the certified Delta_r.
+
+``audit_release`` audits the one-time release w~ = w + N(0, sigma^2 I) of the head instead
+(``privalign audit --release EPS_W``; its docstring).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from . import accounting as A
 from . import mechanisms as M
 from .rewards.policy_bt import PolicyBTReward, replace_person, retrain
+from .rewards.release import check_release, draw_release, release_noise_scale
 
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -188,3 +192,167 @@ def audit_stream(model: PolicyBTReward, raw, prompt_ids, correct, *, queries: in
             "threshold": c, "direction": ">=" if up else "<=", "events_D": ev_d, "events_D_prime": ev_d2,
             "claimed_basic": queries * epsilon, "claimed_zcdp": A.zcdp_epsilon(rho, delta_total), "rho": rho,
             "epsilon_lower_bound": epsilon_lower_bound(k_hi, k_lo, runs, delta_total)}
+
+
+# ---------------------------------------------------------------------------------- the release
+
+
+def _epsilon_lower_bounds(k_hi, k_lo, runs: int, delta: float, alpha: float = 0.05) -> np.ndarray:
+    """``epsilon_lower_bound`` over arrays of counts (the same Clopper-Pearson bounds, vectorised)."""
+    k_hi, k_lo = np.asarray(k_hi, float), np.asarray(k_lo, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_hi = np.where(k_hi == 0, 0.0, stats.beta.ppf(alpha / 2, k_hi, runs - k_hi + 1))
+        p_lo = np.where(k_lo == runs, 1.0, stats.beta.ppf(1 - alpha / 2, k_lo + 1, runs - k_lo))
+        out = np.log((p_hi - delta) / p_lo)
+    return np.where(p_hi - delta > 0, np.maximum(out, 0.0), 0.0)
+
+
+def _release_neighbours(model: PolicyBTReward, raw, prompt_ids, correct, candidates: int = 3):
+    """D (the model's own preference data, rebuilt from its train pool) and the neighbour D' under
+    the certificate's adjacency (one person's pairs replaced by at most k others) that moves the
+    head the most among a few candidates.
+
+    Every person of D is a candidate, with k canary pairs phi+ - phi- = 2 v (the largest a pair with
+    ||phi|| <= 1 can have) along one of two directions v: against the head (-w_D / ||w_D||, where the
+    canary's loss gradient is largest) or along the person's own summed loss gradient g_p (so that
+    removing them and adding the canary push the same way). They are ranked by the first-order
+    shift ||H^-1 (g_p - g_canary)|| / m at w_D (H the Hessian of the training objective), and the
+    ``candidates`` best are retrained (the whole procedure, ``retrain``); the largest realised
+    ||w_D - w_D'|| is kept. Returns (w_D, w_D', information about D')."""
+    base = retrain(model, raw, prompt_ids, correct)
+    w = base.w
+    phi = base.feature_map(raw)
+    d = phi[base.data.chosen] - phi[base.data.rejected]
+    m, k = model.m, model.k
+    z = d @ w
+    curv = special.expit(z) * special.expit(-z)
+    hess = (d * curv[:, None]).T @ d / m + model.lam * np.eye(w.size)
+
+    def grad_sum(pairs):  # the summed gradient of log(1 + exp(-w . d)) at w_D
+        return -(special.expit(-(pairs @ w)) @ pairs)
+
+    norm = np.linalg.norm(w)
+    against = -w / norm if norm > 0 else np.eye(w.size)[0]
+    ranked = []
+    for person in np.unique(base.data.person):
+        g_p = grad_sum(d[base.data.person == person])
+        dirs = [("against the head", against)]
+        if np.linalg.norm(g_p) > 0:
+            dirs.append(("along the person's gradient", g_p / np.linalg.norm(g_p)))
+        for name, v in dirs:
+            canary = np.tile(2 * v, (k, 1))
+            shift = float(np.linalg.norm(np.linalg.solve(hess, g_p - grad_sum(canary)))) / m
+            ranked.append((shift, str(person), name, canary))
+    ranked.sort(key=lambda r: -r[0])
+    best = None
+    for predicted, person, name, canary in ranked[:max(1, candidates)]:
+        t = retrain(model, raw, prompt_ids, correct, lambda dd, p=person, c=canary: replace_person(dd, base.data, p, c))
+        if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)
+            raise RuntimeError(f"the canary changed the chosen settings {base.settings} -> {t.settings}")
+        shift = float(np.linalg.norm(t.w - w))
+        if best is None or shift > best[1]["realised_shift"]:
+            best = (t.w, {"realised_shift": shift, "predicted_shift": predicted, "person": person,
+                          "canary": f"{k} pairs 2 v, v {name}", "persons_pairs": int(np.sum(base.data.person == person))})
+    return w, best[0], best[1]
+
+
+def _gaussian_pair_power(mu: float, runs: int, delta: float) -> float:
+    """The lower bound the threshold test of ``audit_release`` shows, with expected counts
+    (``runs`` times each side's probability of {x >= t}, x ~ N(0, 1) under D and N(mu, 1) under D'),
+    at its best threshold t: what the attack can show at this sample size on the realised shift."""
+    t = np.linspace(min(0.0, mu) - 8.0, max(0.0, mu) + 8.0, 4001)
+    k_hi = np.round(runs * stats.norm.sf(t - mu))
+    k_lo = np.round(runs * stats.norm.sf(t))
+    return float(np.max(_epsilon_lower_bounds(k_hi, k_lo, runs, delta)))
+
+
+def _choose_threshold(x_d: np.ndarray, x_d2: np.ndarray, delta: float) -> tuple[float, bool]:
+    """The threshold t and event ({x >= t}, favouring D', or {x <= t}, favouring D) whose
+    Clopper-Pearson bound is largest on the pilot batches; candidates are quantiles of each batch,
+    spread evenly and densely in both tails."""
+    n = min(x_d.size, x_d2.size)
+    tail = np.geomspace(min(3.0 / n, 0.5), 0.5, 80)
+    levels = np.unique(np.concatenate([tail, 1 - tail, np.linspace(0.01, 0.99, 99)]))
+    t = np.unique(np.concatenate([np.quantile(x_d, levels), np.quantile(x_d2, levels)]))
+    xd, xd2 = np.sort(x_d), np.sort(x_d2)
+    ge_d = x_d.size - np.searchsorted(xd, t, side="left")    # #{x >= t}
+    ge_d2 = x_d2.size - np.searchsorted(xd2, t, side="left")
+    le_d = np.searchsorted(xd, t, side="right")              # #{x <= t}
+    le_d2 = np.searchsorted(xd2, t, side="right")
+    up = _epsilon_lower_bounds(ge_d2, ge_d, n, delta)        # {x >= t}: D' over D
+    down = _epsilon_lower_bounds(le_d, le_d2, n, delta)      # {x <= t}: D over D'
+    if up.max() >= down.max():
+        return float(t[np.argmax(up)]), True
+    return float(t[np.argmax(down)]), False
+
+
+def audit_release(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon_w: float, delta_w: float,
+                  runs: int = 200_000, seed: int | None = None, noise_scale: float | None = None,
+                  candidates: int = 3) -> dict:
+    """Audit the one-time release w~ = w_D + N(0, sigma^2 I) (``rewards.release``) at its claimed
+    (epsilon_w, delta_w): a 95% lower bound on its epsilon that must stay below epsilon_w.
+
+    1. *Neighbours.* D is the head's own preference data, rebuilt from its train pool; D' replaces
+       one person's pairs by k canary pairs, chosen to move the head the most
+       (``_release_neighbours``); the whole training procedure is rerun on each, giving w_D and w_D'.
+       The realised ||w_D - w_D'|| is reported beside the certified Delta_r.
+    2. *Direction.* u = (w_D' - w_D) / ||w_D' - w_D||, chosen before any release draw: the auditor
+       trained both neighbours, so the difference itself is its pilot, and it is independent of
+       every draw counted below. It is also the best direction: the noise is isotropic, so the
+       likelihood ratio of w~ under D' against D is a monotone function of u . w~ (Neyman-Pearson),
+       and the projection keeps the whole release's privacy profile. A direction estimated from a
+       pilot batch of draws (the mean difference of two batches) would only add its own error.
+    3. *Draws.* ``runs`` releases on each side, through the release's own sampling step
+       (``draw_release``, seeded by ``seed``), at the calibrated sigma (``release_noise_scale``) or
+       at ``noise_scale``: an under-noised release that still claims epsilon_w, which the audit
+       must catch. Each draw is projected, x = u . (w~ - w_D) / sigma: N(0, 1) under D and N(mu, 1)
+       under D', mu = ||w_D - w_D'|| / sigma.
+    4. *Threshold.* A separate pilot batch of ``runs`` draws per side chooses the threshold t and
+       the event ({x >= t} or {x <= t}) with the largest pilot bound.
+    5. *Bound.* With k' and k events among the counted draws, the side the event favours first,
+       the 95% lower bound is log((CP_lo(k') - delta_w) / CP_hi(k)) (``epsilon_lower_bound``).
+
+    The attack's power is reported beside the bound: ``epsilon_of_realised_pair``, the exact epsilon
+    at delta_w of the Gaussian pair at distance mu (``gaussian_mechanism_epsilon`` with sensitivity
+    the realised shift: the most any test could show on these neighbours, with unlimited draws);
+    ``expected_lower_bound``, what this test shows at this many runs with expected counts; and
+    ``largest_bound_for_runs``, the most ``runs`` draws can show at all. The realised shift is a
+    fraction of Delta_r (the certificate is a worst case over all D), so with the calibrated sigma
+    the bound sits far below epsilon_w by construction: it confirms the claim is not violated, not
+    that it is tight. ``epsilon_at_certified_sensitivity`` is the release's true epsilon at its
+    sigma (epsilon_w when calibrated; with ``noise_scale`` below it, what the claim should have been).
+    """
+    eps, dlt = check_release(model, epsilon_w, delta_w)
+    runs = int(runs)
+    if runs < 1000:
+        raise ValueError(f"runs must be at least 1000 release draws per side, got {runs}")
+    calibrated = release_noise_scale(model, eps, dlt)
+    sigma = calibrated if noise_scale is None else float(noise_scale)
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"noise_scale must be positive and finite, got {noise_scale!r}")
+    w_d, w_d2, info = _release_neighbours(model, raw, prompt_ids, correct, candidates)
+    diff = w_d2 - w_d
+    shift = float(np.linalg.norm(diff))
+    u = diff / shift if shift > 0 else np.eye(w_d.size)[0]
+    rng = np.random.default_rng(seed)
+
+    def projections(w, size, chunk=50_000):  # u . (w~ - w_D) / sigma for ``size`` release draws of w
+        return np.concatenate([(draw_release(w, sigma, rng, min(chunk, size - s)) - w_d) @ u / sigma
+                               for s in range(0, size, chunk)])
+
+    t, up = _choose_threshold(projections(w_d, runs), projections(w_d2, runs), dlt)
+    x_d, x_d2 = projections(w_d, runs), projections(w_d2, runs)
+    ev_d = int(np.sum(x_d >= t if up else x_d <= t))
+    ev_d2 = int(np.sum(x_d2 >= t if up else x_d2 <= t))
+    k_hi, k_lo = (ev_d2, ev_d) if up else (ev_d, ev_d2)
+    mu = shift / sigma
+    return {"epsilon_w": eps, "delta_w": dlt, "sigma": sigma, "calibrated_sigma": calibrated,
+            "noise_factor": sigma / calibrated, "certified_sensitivity": model.sensitivity,
+            **info, "shift_share": shift / model.sensitivity, "mu": mu, "dimension": int(w_d.size),
+            "runs_per_side": runs, "pilot_per_side": runs, "threshold": t, "direction": ">=" if up else "<=",
+            "favours": "D'" if up else "D", "events_D": ev_d, "events_D_prime": ev_d2,
+            "epsilon_lower_bound": epsilon_lower_bound(k_hi, k_lo, runs, dlt),
+            "expected_lower_bound": _gaussian_pair_power(mu, runs, dlt),
+            "epsilon_of_realised_pair": A.gaussian_mechanism_epsilon(sigma, shift, dlt) if shift > 0 else 0.0,
+            "epsilon_at_certified_sensitivity": A.gaussian_mechanism_epsilon(sigma, model.sensitivity, dlt),
+            "largest_bound_for_runs": epsilon_lower_bound(runs, 0, runs, dlt)}

@@ -125,13 +125,22 @@ class ReleasedHead(PolicyScoring, RewardModel):
                    body.get("base_model", "smollm2"), body.get("task"), body.get("name", "policy-bt-released"))
 
 
+def draw_release(w: np.ndarray, sigma: float, rng: np.random.Generator, draws: int | None = None) -> np.ndarray:
+    """The release's sampling step, w + N(0, sigma^2 I): one w~ (``draws`` None, as ``release_head``
+    draws it) or ``draws`` independent ones, shape (draws, w.size), for the release audit
+    (``audit.audit_release``). With the same generator state the first of ``draws`` rows is the
+    single draw."""
+    w = np.asarray(w, float)
+    return w + sigma * rng.standard_normal(w.size if draws is None else (int(draws), w.size))
+
+
 def release_head(model: PolicyBTReward, epsilon: float, delta: float,
                  rng: np.random.Generator | None = None) -> ReleasedHead:
     """Release ``model`` once at (epsilon, delta): w~ = w + N(0, sigma^2 I) (module docstring). The
     noise comes from the secure generator unless a seeded ``rng`` is passed (tests, studies)."""
     eps, dlt = check_release(model, epsilon, delta)
     sigma = release_noise_scale(model, eps, dlt)
-    w_tilde = model.w + sigma * as_generator(rng).standard_normal(model.w.size)
+    w_tilde = draw_release(model.w, sigma, as_generator(rng))
     persons = int(model.meta.get("persons", model.m // model.k))
     release = {"epsilon": eps, "delta": dlt, "sigma": sigma, "sensitivity": model.sensitivity,
                "adjacency": model.adjacency(), "procedure": PROCEDURE, "hyperparameters": model.hyperparameters(),
