@@ -53,6 +53,27 @@ def _reference(messages, text, top):
 MSGS = [{"role": "user", "content": "Name a colour."}]
 
 
+def _joined(tokens) -> str:
+    """The text of OpenAI-style tokens, ``bytes:\\xNN`` ones (a split character) read as their bytes."""
+    raw = b""
+    for t in tokens:
+        raw += bytes(int(h, 16) for h in t[6:].split("\\x")[1:]) if t.startswith("bytes:") else t.encode("utf-8")
+    return raw.decode("utf-8")
+
+
+def test_a_character_split_across_tokens_keeps_its_bytes():
+    """An emoji is three byte-level tokens: each carries its own bytes, spelled bytes:\\xNN, and
+    together they are the character; offsets count characters of the answer."""
+    from privalign.backends.transformers_backend import TransformersGenerator
+    from privalign.server.http import render_logprobs
+
+    entries = TransformersGenerator("smollm2").token_logprobs(MSGS, "🌱 red", top=2)
+    assert entries[0]["token"].startswith("bytes:\\x") and _joined([e["token"] for e in entries]) == "🌱 red"
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8") == "🌱 red"
+    legacy = render_logprobs(entries, "text_completion", 0)
+    assert legacy["text_offset"][-1] == 1 and legacy["tokens"][-1] == " red"
+
+
 def test_chat_logprobs_are_the_policys_own_and_cost_only_the_query(server):
     client = OpenAI(base_url=server.url + "/v1", api_key=CLIENT)
     before = call(server.url, "/v1/budgets/acme-rm")[1]["epsilon_spent"]
@@ -64,7 +85,9 @@ def test_chat_logprobs_are_the_policys_own_and_cost_only_the_query(server):
         assert t.logprob <= 0 and len(t.top_logprobs) == 3
         alts = [a.logprob for a in t.top_logprobs]
         assert alts == sorted(alts, reverse=True) and alts[0] >= t.logprob - 1e-9
-        assert bytes(t.bytes).decode("utf-8") == t.token
+        if not t.token.startswith("bytes:"):  # else part of a character the next tokens complete (OpenAI's spelling)
+            assert bytes(t.bytes).decode("utf-8") == t.token
+    assert b"".join(bytes(t.bytes) for t in content).decode("utf-8") == choice.message.content
     ref = _reference(MSGS, choice.message.content, 3)
     assert [e["token"] for e in ref] == [t.token for t in content]
     assert max(abs(e["logprob"] - t.logprob) for e, t in zip(ref, content)) < 1e-4
@@ -76,7 +99,7 @@ def test_completions_logprobs_and_a_streamed_answer_token_by_token(server):
     client = OpenAI(base_url=server.url + "/v1", api_key=CLIENT)
     r = client.completions.create(model="smollm2", prompt="Name a colour.", logprobs=2)
     lp = r.choices[0].logprobs
-    assert "".join(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
+    assert _joined(lp.tokens) == r.choices[0].text and len(lp.token_logprobs) == len(lp.tokens)
     assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == 0
     assert all(v <= 0 for v in lp.token_logprobs)
     chunks = list(client.chat.completions.create(model="smollm2", messages=MSGS, logprobs=True, stream=True))

@@ -56,6 +56,46 @@ def _load_gguf_cached(gguf: Path):
 SAMPLERS = ("loop", "shared")
 
 
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of byte-level BPE's byte -> printable character map (GPT-2's ``bytes_to_unicode``)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+_BYTES = _byte_decoder()
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """A token's own bytes: byte-level BPE pieces mapped back to bytes, SentencePiece byte-fallback
+    tokens (``<0xNN>``) read as their byte, anything else its decoded text's UTF-8."""
+    import re
+
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    if isinstance(piece, str):
+        if all(c in _BYTES for c in piece):
+            return bytes(_BYTES[c] for c in piece)
+        m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+        if m:
+            return bytes([int(m.group(1), 16)])
+    return tokenizer.decode([int(token_id)]).encode("utf-8")
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text: its bytes decoded, or OpenAI's ``bytes:\\xf0\\x9f`` spelling where they are part
+    of a character that the next tokens complete."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
 class TransformersGenerator:
     """Batched ancestral sampling; log-probabilities from the sampling scores.
 
@@ -381,7 +421,10 @@ class TransformersGenerator:
         policy at ``temperature`` (the law its candidates are sampled from), by one teacher-forced
         pass: ``[{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}] * top}]``.
         ``text`` is encoded as the tokenizer encodes it (which may split it differently from the
-        sampled tokens). The policy does not read the private data, so this is post-processing."""
+        sampled tokens). ``bytes`` are the token's own UTF-8 bytes (a character split across tokens
+        has part of its bytes in each), and ``token`` is their text, or OpenAI's ``bytes:\\xNN...``
+        spelling where they are not valid UTF-8 alone (``token_text``). The policy does not read the
+        private data, so this is post-processing."""
         import torch
 
         toks = self.tokenizer.encode(text, add_special_tokens=False)
@@ -398,8 +441,8 @@ class TransformersGenerator:
         alt_i = alt.indices.cpu().tolist() if top else None
 
         def entry(i, lp):
-            piece = self.tokenizer.decode([i])
-            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
+            raw = token_bytes(self.tokenizer, i)
+            return {"token": token_text(raw), "logprob": lp, "bytes": list(raw)}
 
         return [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in zip(alt_i[j], alt_v[j])] if top else []}
                 for j, (t, lp) in enumerate(zip(toks, chosen))]

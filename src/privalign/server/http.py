@@ -82,10 +82,10 @@ def render_logprobs(entries: list[dict], kind: str, offset: int) -> dict:
     token -> logprob maps, ``text_offset`` from ``offset``)."""
     if kind == "chat.completion":
         return {"content": entries, "refusal": None}
-    offsets, at = [], offset
-    for e in entries:
-        offsets.append(at)
-        at += len(e["token"])
+    offsets, seen = [], b""
+    for e in entries:  # in characters of the answer: a character split across tokens starts at its first
+        offsets.append(offset + len(seen.decode("utf-8", errors="ignore")))
+        seen += bytes(e.get("bytes") or e["token"].encode("utf-8"))
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
