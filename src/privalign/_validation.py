@@ -49,6 +49,15 @@ def check_count(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_max_rounds(max_rounds, n: int) -> int:
+    """PrivITP's Phase-2 cap T: an integer 1 <= T <= n; ``None`` means T = n (no cap)."""
+    if max_rounds is None:
+        return n
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)) or not 1 <= max_rounds <= n:
+        raise ValueError(f"max_rounds must be an integer with 1 <= max_rounds <= n={n}, got {max_rounds!r}")
+    return int(max_rounds)
+
+
 def check_reward_range(reward_range) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in reward_range)

@@ -21,6 +21,7 @@ from scipy import special
 from ._special import log_mean_ndtr
 from ._validation import (
     check_count,
+    check_max_rounds,
     check_nonnegative,
     check_positive,
     check_reward_range,
@@ -208,8 +209,10 @@ def privitp_law(phase2_rewards, lambda_tilde: float, sigma_z: float, reward_rang
 
 def privitp_marginal_law(phase1_rewards, phase2_rewards, *, beta: float, sigma_x: float,
                          sigma_z: float, reward_range=(0.0, 1.0), truncation: float | None = None,
-                         nodes: int = 96) -> tuple[np.ndarray, float]:
-    """PrivITP's law with Phase 1's noise integrated out, batch by batch (two independent batches).
+                         nodes: int = 96, max_rounds: int | None = None) -> tuple[np.ndarray, float]:
+    """PrivITP's law with Phase 1's noise integrated out, batch by batch (two independent batches),
+    Phase 2 capped at T = ``max_rounds`` rounds (default n): its first T candidates are examined, the
+    probabilities returned are theirs, and L defaults to sqrt(2 ln T).
 
     lambda~ = clip(lambda + sigma_X Z, -beta, R_max): the two clipped tails are atoms, the middle
     is integrated with Gauss-Legendre over Z, so the law is averaged draw by draw over lambda~
@@ -219,7 +222,9 @@ def privitp_marginal_law(phase1_rewards, phase2_rewards, *, beta: float, sigma_x
     r1, r_max, _ = prepare_rewards(phase1_rewards, (lo, hi), "phase1_rewards")
     n = r1.size
     beta, sx = check_positive("beta", beta), check_positive("sigma_x", sigma_x)
-    L = default_truncation(n) if truncation is None else truncation
+    T = check_max_rounds(max_rounds, n)
+    L = default_truncation(T) if truncation is None else truncation
+    phase2_rewards = np.asarray(phase2_rewards, dtype=float)[:T]
     lam = itp_lambda(r1, beta)
     z_lo = max((-beta - lam) / sx, -12.0)
     z_hi = min((r_max - lam) / sx, 12.0)

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .._validation import check_count, check_positive
+from .._validation import check_count, check_max_rounds, check_positive
 from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale, gaussian_sampler_floor
 from .gumbel import gumbel_noise_scale
 from ._rounding import smallest_scale
@@ -42,8 +42,9 @@ def paper_noise_split(sigma: float) -> tuple[float, float]:
 
 def privitp_noise_scales(epsilon_max: float, delta: float, n: int, beta: float, sensitivity: float,
                          r_max: float, truncation: float | None = None,
-                         phase1_fraction: float = 0.5) -> tuple[float, float]:
-    """(sigma_X, sigma_Z) whose PrivITP worst case per query is at most ``epsilon_max``.
+                         phase1_fraction: float = 0.5, max_rounds: int | None = None) -> tuple[float, float]:
+    """(sigma_X, sigma_Z) whose PrivITP worst case per query, with T = ``max_rounds`` Phase-2 rounds
+    (default n), is at most ``epsilon_max``.
 
     Phase 1 gets ``phase1_fraction * epsilon_max`` through the exact Gaussian mechanism; sigma_Z is
     the smallest scale (bisection in log sigma_Z, returned from above) whose Phase-2 worst case
@@ -53,10 +54,11 @@ def privitp_noise_scales(epsilon_max: float, delta: float, n: int, beta: float, 
     if not 0 < phase1_fraction < 1:
         raise ValueError(f"phase1_fraction must lie in (0, 1), got {phase1_fraction!r}")
     n = check_count("n", n)
-    L = default_truncation(n) if truncation is None else truncation
+    T = check_max_rounds(max_rounds, n)
+    L = default_truncation(T) if truncation is None else truncation
     sigma_x = gaussian_mechanism_noise_scale(phase1_fraction * eps, sensitivity, delta)
 
     sigma_z = smallest_scale(
-        lambda sz: privitp_epsilon_max(n, beta, sigma_x, sz, delta, sensitivity, r_max, L) <= eps,
+        lambda sz: privitp_epsilon_max(n, beta, sigma_x, sz, delta, sensitivity, r_max, L, max_rounds=T) <= eps,
         sensitivity, rel_tol=1e-6)
     return sigma_x, sigma_z

@@ -83,14 +83,18 @@ def privbon_event(noise_scale: float, sensitivity: float, *, noise: str = "gumbe
 
 
 def privitp_event(n: int, beta: float, sigma_x: float, sigma_z: float, delta: float, sensitivity: float,
-                  r_max: float, truncation: float | None = None) -> PrivacyEvent:
-    """PrivITP: its worst case epsilon_max with delta (Phase 1 analytic Gaussian), and rho = Phase 1's
-    Gaussian rho plus Phase 2's pure worst case squared over two (``privitp_rho``)."""
-    eps = privitp_epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, truncation)
-    rho = privitp_rho(n, beta, sigma_x, sigma_z, sensitivity, r_max, truncation) if math.isfinite(eps) else math.inf
+                  r_max: float, truncation: float | None = None, max_rounds: int | None = None) -> PrivacyEvent:
+    """PrivITP with T = ``max_rounds`` Phase-2 rounds (default n): its worst case epsilon_max with
+    delta (Phase 1 analytic Gaussian), and rho = Phase 1's Gaussian rho plus Phase 2's pure worst
+    case squared over two (``privitp_rho``)."""
+    eps = privitp_epsilon_max(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, truncation,
+                              max_rounds=max_rounds)
+    rho = (privitp_rho(n, beta, sigma_x, sigma_z, sensitivity, r_max, truncation, max_rounds)
+           if math.isfinite(eps) else math.inf)
     return PrivacyEvent("privitp", eps, delta, rho if math.isfinite(rho) else None,
                         _params(n=n, beta=beta, sigma_x=sigma_x, sigma_z=sigma_z, delta=delta,
-                                sensitivity=sensitivity, r_max=r_max, truncation=truncation))
+                                sensitivity=sensitivity, r_max=r_max, truncation=truncation,
+                                max_rounds=max_rounds))
 
 
 def account(charges, composition: str, delta_total: float | None = None) -> dict:

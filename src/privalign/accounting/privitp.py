@@ -6,7 +6,11 @@ b = R_max + sigma_Z L - lambda~ (beta cancels) and u ~ Uniform[0, 1]:
 
     kappa(lambda~)  = log E_u Phi((lambda~ + b u - R_max + Delta)/sigma_Z) - log E_u Phi((lambda~ + b u - R_max)/sigma_Z)
     accept(lambda~) = log E_u Phi((Delta - lambda~ - b u)/sigma_Z)         - log E_u Phi((-lambda~ - b u)/sigma_Z)
-    epsilon_2^post(t) = (t - 1) kappa + accept,   epsilon_2^post(fallback) = n kappa.
+    epsilon_2^post(t) = (t - 1) kappa + accept,   epsilon_2^post(fallback) = T kappa,
+
+where T <= n is the number of Phase-2 rounds (``max_rounds``; T = n is the paper's mechanism, whose
+fallback costs n kappa). Phase 1 still solves lambda on all n candidates, so only Phase 2 sees T,
+and the worst case max_lambda~ max((T - 1) kappa + accept, T kappa) does not depend on n.
 
 Writing tau = lambda~ + b u, tau is uniform on [lambda~, R_max + sigma_Z L], whose right end does not
 move with lambda~. Since Phi is log-concave, kappa is a ratio of averages of a decreasing likelihood
@@ -21,7 +25,7 @@ import math
 import numpy as np
 
 from .._special import log_mean_ndtr
-from .._validation import check_count, check_delta, check_nonnegative, check_positive, check_rewards
+from .._validation import check_count, check_delta, check_max_rounds, check_nonnegative, check_positive, check_rewards
 from ._rounding import margin_up, ulp_up
 from .gaussian import gaussian_mechanism_epsilon
 from .zcdp import gaussian_rho, pure_dp_rho
@@ -114,8 +118,9 @@ def privitp_phase2_terms(lambda_tilde, sigma_z: float, sensitivity: float, r_max
 def privitp_epsilon2(t, lambda_tilde, sigma_z: float, sensitivity: float, r_max: float,
                      truncation: float, n: int | None = None):
     """Ex-post Phase-2 cost epsilon_2^post: (t - 1) kappa + accept for acceptance at round t,
-    n kappa for the fallback outcome (``t=None``, which needs ``n``). Vectorised over t and
-    lambda~ (broadcasting); rounded up.
+    n kappa for the fallback outcome (``t=None``, which needs ``n``). ``n`` is the number of Phase-2
+    rounds: T for a capped mechanism (``max_rounds``), the batch size otherwise. Vectorised over t
+    and lambda~ (broadcasting); rounded up.
     """
     sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, truncation)
     lt = _check_lambda_tilde(lambda_tilde, r_max)
@@ -183,7 +188,8 @@ def _sup_monotone_sum(terms, lo: float, hi: float, rel_tol: float = 1e-8, refine
 
 
 def _phase2_worst(n: int, beta: float, sigma_z: float, delta_r: float, r_max: float, L: float) -> float:
-    """max over lambda~ in [-beta, R_max] of max(eps_2^post(n), n kappa), before rounding."""
+    """max over lambda~ in [-beta, R_max] of max(eps_2^post(n), n kappa), before rounding, for n
+    Phase-2 rounds (T when capped: t <= T, and the fallback follows round T)."""
 
     def terms(x):
         kappa, accept = _terms(np.asarray(x), sigma_z, delta_r, r_max, L)
@@ -194,16 +200,24 @@ def _phase2_worst(n: int, beta: float, sigma_z: float, delta_r: float, r_max: fl
     return max(worst_t_n, worst_fallback)
 
 
+def _rounds_and_truncation(n, max_rounds, truncation) -> tuple[int, float]:
+    """(T, L): T = max_rounds (n when None); L defaults to sqrt(2 ln T), following T, not n."""
+    T = check_max_rounds(max_rounds, check_count("n", n))
+    return T, default_truncation(T) if truncation is None else truncation
+
+
 def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, delta: float,
                         sensitivity: float, r_max: float, truncation: float | None = None,
-                        method: str = "analytic") -> float:
-    """Worst-case per-query epsilon, known before the query runs (SPEC):
+                        method: str = "analytic", max_rounds: int | None = None) -> float:
+    """Worst-case per-query epsilon, known before the query runs (SPEC), with T = ``max_rounds``
+    Phase-2 rounds (default T = n):
 
-        epsilon_max = epsilon_1 + max over lambda~ in [-beta, R_max] of max(eps_2^post(n), n kappa).
+        epsilon_max = epsilon_1 + max over lambda~ in [-beta, R_max] of max(eps_2^post(T), T kappa).
+
+    It depends on n only through T (docs/accounting.md, "Capping Phase 2").
     """
-    n = check_count("n", n)
+    n, L = _rounds_and_truncation(n, max_rounds, truncation)
     beta = check_positive("beta", beta)
-    L = default_truncation(n) if truncation is None else truncation
     sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
     eps1 = gaussian_mechanism_epsilon(sigma_x, delta_r, check_delta(delta), method=method)
     # a realised cost is ulp_up(epsilon_1 + margin_up(epsilon_2)), its epsilon_2 evaluated within 1e-12
@@ -214,21 +228,20 @@ def privitp_epsilon_max(n: int, beta: float, sigma_x: float, sigma_z: float, del
 
 
 def privitp_epsilon2_max(n: int, beta: float, sigma_z: float, sensitivity: float, r_max: float,
-                         truncation: float | None = None) -> float:
-    """Phase 2's pure worst case alone: max over lambda~ and t of eps_2^post (fallback included)."""
-    n = check_count("n", n)
+                         truncation: float | None = None, max_rounds: int | None = None) -> float:
+    """Phase 2's pure worst case alone: max over lambda~ and t <= T of eps_2^post (fallback included)."""
+    n, L = _rounds_and_truncation(n, max_rounds, truncation)
     beta = check_positive("beta", beta)
-    L = default_truncation(n) if truncation is None else truncation
     sigma_z, delta_r, r_max, L = _check_phase2(sigma_z, sensitivity, r_max, L)
     return ulp_up(margin_up(margin_up(_phase2_worst(n, beta, sigma_z, delta_r, r_max, L))))  # as epsilon_max
 
 
 def privitp_rho(n: int, beta: float, sigma_x: float, sigma_z: float, sensitivity: float, r_max: float,
-                truncation: float | None = None) -> float:
+                truncation: float | None = None, max_rounds: int | None = None) -> float:
     """PrivITP's zCDP parameter: Phase 1 is a Gaussian mechanism (Delta_r^2 / (2 sigma_X^2), no delta)
     and Phase 2, given lambda~, is pure epsilon_2max-DP (epsilon_2max^2 / 2); zCDP composes
     adaptively, so rho = Delta_r^2 / (2 sigma_X^2) + epsilon_2max^2 / 2 (``accounting.zcdp``)."""
-    eps2 = privitp_epsilon2_max(n, beta, sigma_z, sensitivity, r_max, truncation)
+    eps2 = privitp_epsilon2_max(n, beta, sigma_z, sensitivity, r_max, truncation, max_rounds)
     if not math.isfinite(eps2):
         return math.inf
     return margin_up(gaussian_rho(sigma_x, sensitivity) + (pure_dp_rho(eps2) if eps2 > 0 else 0.0))

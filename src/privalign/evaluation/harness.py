@@ -20,8 +20,10 @@ Metrics, per selection (the fallback counts as a fresh base-policy draw)
     win_rate      P(proxy(Y) > proxy(Y0)) + P(=)/2 against Y0 from the base policy (the pool)
     true_win_rate the same with the true reward (the headline metric when it comes from a gold RM)
     hacking_gap   proxy - true of the chosen response (in the pool's raw units)
-    halting_time  ITP/PrivITP: generations in the (second) phase, n + 1 for the fallback
+    halting_time  ITP/PrivITP: generations in the (second) phase, n + 1 for the fallback (PrivITP
+                  capped at T = ``max_rounds``: T + 1)
     epsilon       privacy spent per query (PrivITP: mean realised ex-post epsilon)
+    fallback      ITP/PrivITP: the probability that no candidate is accepted (a fresh draw answers)
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from . import laws
 
 ALGORITHMS = ("bon", "privbon", "privbon-gaussian", "itp", "privitp")
 NORMALISATIONS = ("none", "global", "per-prompt")
-METRICS = ("accuracy", "proxy_reward", "win_rate", "true_win_rate", "hacking_gap", "halting_time", "epsilon")
+METRICS = ("accuracy", "proxy_reward", "win_rate", "true_win_rate", "hacking_gap", "halting_time", "epsilon",
+           "fallback")
 DEFAULT_N_GRID = tuple(2 ** k for k in range(13))
 EXECUTORS = ("local", "dask")
 
@@ -52,7 +55,8 @@ class EvalSettings:
     beta: float = 0.05
     sigma_x: float | None = None   # default sigma / 2 (the paper's split)
     sigma_z: float | None = None   # default sigma / 2
-    truncation: float | None = None  # default sqrt(2 ln n)
+    truncation: float | None = None  # default sqrt(2 ln T)
+    max_rounds: int | None = None  # PrivITP's Phase-2 cap: T = min(max_rounds, n) at each n; None: T = n
     delta: float = 1e-2
     sensitivity: float | None = None  # in units of the range; default 1 (its full width)
     reward: str | None = None
@@ -80,6 +84,9 @@ class EvalSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if not self.delta < 1:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
+        if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or int(self.max_rounds) != self.max_rounds
+                                            or self.max_rounds < 1):
+            raise ValueError(f"max_rounds must be a positive integer (or None for T = n), got {self.max_rounds!r}")
         if self.normalisation not in NORMALISATIONS:
             raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
         if self.estimator not in ("exact", "mc"):
@@ -93,6 +100,10 @@ class EvalSettings:
         if self.executor == "dask" and not self.scheduler:
             raise ValueError("the dask executor needs a scheduler address (e.g. tcp://host:8786)")
         return self
+
+    def rounds(self, n: int) -> int:
+        """PrivITP's Phase-2 rounds at n candidates: T = min(max_rounds, n)."""
+        return int(n) if self.max_rounds is None else min(int(self.max_rounds), int(n))
 
     @property
     def sx(self) -> float:
@@ -189,7 +200,8 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
     """
     S = x.size
     delta_r = prep.r_max if s.sensitivity is None else s.sensitivity
-    L = A.default_truncation(n) if s.truncation is None else s.truncation
+    T = s.rounds(n)  # PrivITP's Phase-2 rounds
+    L = A.default_truncation(T) if s.truncation is None else s.truncation
     out = np.full(len(METRICS), np.nan)
 
     if s.estimator == "mc":
@@ -198,7 +210,7 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
     M_ = s.replicates
     idx = _draw(rng, S, M_, n, s.replace)
     xc = x[idx]
-    halting = np.nan
+    halting = fallback = np.nan
 
     def expectation(idx_parts, law_parts, fallback_mass):
         """Mean over replicates of the chosen response's values (fallback: a fresh base draw)."""
@@ -223,26 +235,26 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
 
         parts, law_parts, fb, t = laws.sequential_lazy(n, M_, itp_chunk)
         ev = expectation(parts, law_parts, fb.sum())
-        halting = t.mean()
+        halting, fallback = t.mean(), fb.mean()
         out[6] = math.inf
     elif algo == "privitp":
         lam = laws.lambda_rows(xc, s.beta, lam_start)
         lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
-        idx2_full = None if s.replace else _draw(rng, S, M_, n, False)
+        idx2_full = None if s.replace else _draw(rng, S, M_, T, False)
         # Psi at the acceptance integral's lower end depends on the candidate only: tabulated over
         # the pool when the replicates may examine more candidates than it has
-        table = laws.privitp_lower(x, s.sz, prep.r_max, L) if M_ * n >= 2 * S else None
+        table = laws.privitp_lower(x, s.sz, prep.r_max, L) if M_ * T >= 2 * S else None
 
         def privitp_chunk(a, b, live):  # the second batch is drawn lazily, as the mechanism generates it
             i2 = (rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b])[live]
             return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L,
                                                     None if table is None else table[i2])
 
-        parts, law_parts, fb, t = laws.sequential_lazy(n, M_, privitp_chunk)
+        parts, law_parts, fb, t = laws.sequential_lazy(T, M_, privitp_chunk)  # Phase 2: T rounds at most
         ev = expectation(parts, law_parts, fb.sum())
-        halting = t.mean()
+        halting, fallback = t.mean(), fb.mean()
         out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta)
-        record = (lam_t, t - fb * (n + 1), fb, n, L)
+        record = (lam_t, t - fb * (T + 1), fb, T, L)
         if pending is None:
             out[6] += _privitp_epsilon2(prep, s, [record])[0].mean()
         else:  # the caller adds E[epsilon_2] for every n of the prompt at once
@@ -250,6 +262,7 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
     out[:4] = ev
     out[4] = ev[1] - ev[0]
     out[5] = halting
+    out[7] = fallback
     return out
 
 
@@ -280,7 +293,7 @@ def _per_prompt_mc(prep, x, vals, algo, n, s, rng, delta_r, L) -> np.ndarray:
     S = x.size
     rr = (0.0, prep.r_max)
     acc = np.zeros(4)
-    halting, eps = [], []
+    halting, eps, fallback = [], [], []
     for _ in range(s.replicates):
         idx = _draw(rng, S, 1, n, s.replace)[0]
         if algo == "bon":
@@ -293,19 +306,22 @@ def _per_prompt_mc(prep, x, vals, algo, n, s, rng, delta_r, L) -> np.ndarray:
         elif algo == "itp":
             sel = M.itp(x[idx], beta=s.beta, reward_range=rr, rng=rng)
         else:
-            idx2 = _draw(rng, S, 1, n, s.replace)[0]
+            T = s.rounds(n)
+            idx2 = _draw(rng, S, 1, T, s.replace)[0]
             sel = M.privitp(x[idx], x[idx2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
-                            truncation=L, sensitivity=delta_r, reward_range=rr, rng=rng)
+                            truncation=L, sensitivity=delta_r, reward_range=rr, rng=rng, max_rounds=T)
             idx = idx2
         chosen = int(rng.integers(S)) if sel.fallback else idx[sel.index]  # fallback: fresh draw
         acc += vals[chosen]
         halting.append(sel.halting_time if sel.halting_time is not None else np.nan)
+        fallback.append(float(sel.fallback) if sel.halting_time is not None else np.nan)
         eps.append(sel.epsilon)
     out = np.full(len(METRICS), np.nan)
     out[:4] = acc / s.replicates
     out[4] = out[1] - out[0]
     out[5] = np.mean(halting)
     out[6] = np.mean(eps)
+    out[7] = np.mean(fallback)
     return out
 
 

@@ -8,12 +8,15 @@ For each reward model the pool's prompts are split once (seeded) into held-out a
   epsilon per query; ITP's beta), and ITP's own best beta at every n.
 * Curves on the test prompts, n = 1 .. 1024: BoN, ITP at its n_ref beta and at its own best beta
   per n, Gumbel and Gaussian PrivBoN and PrivITP at epsilon per query (re-calibrated at every n),
-  each with 95% bootstrap intervals over prompts.
+  and capped PrivITP (Phase 2 at most T rounds), whose T, beta and phase split are chosen on the
+  held-out prompts at every n within the same epsilon per query; each with 95% bootstrap intervals
+  over prompts, and the capped mechanism's fallback rate at each n.
 * Verdicts, never tuned on the test prompts: a method's peak n is chosen on the held-out prompts;
   its drop from that n to the largest n is measured per test prompt, with a 95% paired bootstrap
   interval. A method *falls* when that interval lies above 0; a private method is *monotone
   within its intervals* when it does not fall. The paper's claim holds for a reward model when
-  BoN falls and neither Gumbel PrivBoN nor PrivITP does.
+  BoN falls and neither Gumbel PrivBoN nor capped PrivITP does (the uncapped PrivITP, whose
+  worst case grows with n, is shown beside them and judged on its own).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ import numpy as np
 from ..pools import Pool
 from . import experiments as X
 from . import private as P
-from .harness import EvalSettings
+from .harness import METRICS, EvalSettings
+from .parallel import evaluate
 
 LARGE_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ITP_BEST = "ITP (beta tuned at each n)"
+ROUNDS_GRID = (1, 4, 16, 64)  # capped PrivITP's T, chosen at each n among these up to n, and n itself up to 64
+CAPPED = "PrivITP capped"
+FALLBACK = METRICS.index("fallback")
 
 
 def certified_rewards(pool: Pool) -> list[str]:
@@ -45,8 +52,33 @@ def _drop(per_by_n: dict, peak_n: int, last_n: int, seed: int) -> dict:
             "falls": bool(lo > 0)}
 
 
+def tune_capped(held, s: EvalSettings, epsilon: float, n: int, beta_grid=X.BETA_GRID, rounds_grid=ROUNDS_GRID,
+                fractions=P.PHASE1_FRACTIONS) -> tuple[dict, EvalSettings]:
+    """Capped PrivITP's (T, beta, phase-1 fraction) at n: the best held-out accuracy among the settings
+    whose worst case is at most ``epsilon`` per query, T over ``rounds_grid`` up to n. Returns
+    ({"max_rounds", "beta", "phase1_fraction", "heldout_accuracy", "heldout_fallback"}, its settings,
+    its held-out ``EvalResult``)."""
+    best = None
+    for T in sorted({t for t in rounds_grid if t <= n} | ({n} if n <= max(rounds_grid) else set())):
+        for beta in beta_grid:
+            for frac in fractions:
+                try:
+                    st = P.calibrate(replace(s, max_rounds=T), "privitp", epsilon, n, beta, frac)
+                except ValueError:
+                    continue  # this split cannot reach epsilon
+                r = evaluate(held, st)
+                acc = float(r.per_prompt[0, 0, :, 0].mean())
+                if best is None or acc > best[0]["heldout_accuracy"]:
+                    fb = float(r.per_prompt[0, 0, :, FALLBACK].mean())
+                    best = ({"max_rounds": T, "beta": beta, "phase1_fraction": frac, "heldout_accuracy": acc,
+                             "heldout_fallback": fb}, st, r)
+    if best is None:
+        raise ValueError(f"no capped PrivITP setting reaches epsilon={epsilon!r} per query at n={n}")
+    return best
+
+
 def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon: float = 1.0, n_ref: int = 16,
-          n_grid=LARGE_N, beta_grid=X.BETA_GRID, delta: float = 1e-5) -> dict:
+          n_grid=LARGE_N, beta_grid=X.BETA_GRID, delta: float = 1e-5, rounds_grid=ROUNDS_GRID) -> dict:
     """One reward model's large-n study: {"reward", "rows" (curve rows), "held_rows", "summary"}."""
     from .suite import declared_reward, test_auc
 
@@ -85,6 +117,19 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         rows.append(P._row(ITP_BEST, "itp", math.inf, n, acc, base_acc, st, s.seed))
         held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], best[3], st, s.seed))
         per[("test", ITP_BEST, n)], per[("heldout", ITP_BEST, n)] = acc, best[2]
+    # capped PrivITP: (T, beta, phase split) chosen on the held-out prompts at every n
+    capped_label, capped = f"{CAPPED} eps={epsilon:g}", {}
+    for n in grid:
+        c, st, r_held = tune_capped(held, s, epsilon, n, beta_grid, rounds_grid)
+        r_test = evaluate(test, st)
+        c["test_fallback"] = float(r_test.per_prompt[0, 0, :, FALLBACK].mean())
+        capped[str(n)] = c
+        for split, r, out, fb in (("test", r_test, rows, c["test_fallback"]),
+                                  ("heldout", r_held, held_rows, c["heldout_fallback"])):
+            acc = r.per_prompt[0, 0, :, 0]
+            out.append({**P._row(capped_label, "privitp", epsilon, n, acc, r.base[:, 0], st, s.seed),
+                        "max_rounds": c["max_rounds"], "fallback": fb})
+            per[(split, capped_label, n)] = acc
     last = grid[-1]
     verdicts = {}
     for label in dict.fromkeys(r["method"] for r in rows):
@@ -98,6 +143,7 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
                            "vs_bon_at_last": {"points": float(gap.mean()), "ci": list(P.bootstrap_ci(gap, seed=s.seed))}}
     bon = verdicts[P.LABELS["bon"]]
     private = {label: v for label, v in verdicts.items() if label.startswith(("PrivBoN (Gumbel)", "PrivITP"))}
+    judged = [v for label, v in private.items() if label.startswith(("PrivBoN (Gumbel)", CAPPED))]
     info = pool.metadata.get("reward_model_info", {}).get(s.reward, {})
     lo, hi = info.get("output_range") or (math.nan, math.nan)
     summary = {
@@ -108,7 +154,8 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         "m": (info.get("certificate") or {}).get("m"), "trained_on": (info.get("certificate") or {}).get("task"),
         "bon": bon, "private": private, "verdicts": verdicts, "itp_beta_by_n": {str(k): v for k, v in itp_beta.items()},
         "itp_beta_at_n_ref": chosen["itp"]["beta"], "chosen": {str(k): v for k, v in chosen.items()},
-        "claim_met": bool(bon["falls"] and private and not any(v["falls"] for v in private.values())),
+        "capped_by_n": capped,
+        "claim_met": bool(bon["falls"] and judged and not any(v["falls"] for v in judged)),
     }
     return {"reward": s.reward, "rows": rows, "held_rows": held_rows, "summary": summary}
 
@@ -134,7 +181,7 @@ def claim_sentence(sm: dict, num=lambda v: f"{v:.3g}") -> str:
             for label, v in sm["private"].items()]
     parts.append("; ".join(mono) + ". ")
     by = claim_by_method(sm)
-    parts.append("The paper's claim (BoN falls, the private methods do not): "
+    parts.append("The paper's claim (BoN falls, Gumbel PrivBoN and capped PrivITP do not): "
                  + ("met." if sm["claim_met"] else "not met")
                  + ("" if sm["claim_met"] else
                     " (" + ", ".join(f"{'met' if ok else 'not met'} for {label}" for label, ok in by.items()) + ")."))

@@ -42,8 +42,10 @@ def sensitivity_of(s: EvalSettings) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _privitp_scales(eps: float, delta: float, n: int, beta: float, sens: float, fraction: float):
-    return A.privitp_noise_scales(eps, delta, n, beta, sens, 1.0, phase1_fraction=fraction)
+def _privitp_scales(eps: float, delta: float, rounds: int, beta: float, sens: float, fraction: float):
+    """PrivITP's noise for T = ``rounds`` Phase-2 rounds; its worst case depends on n only through T,
+    so every n >= T shares one calibration."""
+    return A.privitp_noise_scales(eps, delta, rounds, beta, sens, 1.0, phase1_fraction=fraction)
 
 
 def calibrate(base: EvalSettings, algo: str, epsilon: float, n: int, beta: float | None = None,
@@ -58,7 +60,7 @@ def calibrate(base: EvalSettings, algo: str, epsilon: float, n: int, beta: float
         return replace(s, sigma=max(sigma, 1e-300))
     if algo == "privitp":
         b = base.beta if beta is None else beta
-        sx, sz = _privitp_scales(float(epsilon), base.delta, int(n), float(b), sens, float(phase1_fraction))
+        sx, sz = _privitp_scales(float(epsilon), base.delta, s.rounds(n), float(b), sens, float(phase1_fraction))
         return replace(s, beta=b, sigma=sx + sz, sigma_x=sx, sigma_z=sz)
     raise ValueError(f"algo must be one of {PRIVATE}, got {algo!r}")
 
@@ -71,7 +73,7 @@ def worst_case_epsilon(s: EvalSettings, algo: str, n: int) -> float:
     if algo == "privbon-gaussian":
         return A.gaussian_rnm_epsilon(s.sigma, sens, 1.0, n) if n > 1 else 0.0
     if algo == "privitp":
-        return A.privitp_epsilon_max(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0)
+        return A.privitp_epsilon_max(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0, max_rounds=s.rounds(n))
     return math.inf
 
 
@@ -226,7 +228,8 @@ def stream(pool: GroupedPool, base: EvalSettings, chosen: dict, epsilon_max: flo
     c = chosen.get(epsilon_max, {}).get("privitp")
     if c is not None:
         s = calibrate(base, "privitp", epsilon_max, n, c["beta"], c["phase1_fraction"])
-        streams.append(("privitp", A.privitp_event(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0), s))
+        streams.append(("privitp", A.privitp_event(n, s.beta, s.sx, s.sz, s.delta, sens, 1.0,
+                                                   max_rounds=s.rounds(n)), s))
     if privbon_epsilon:
         s = calibrate(base, "privbon", privbon_epsilon, n)
         streams.append(("privbon", A.privbon_event(s.sigma, sens), s))
@@ -245,10 +248,11 @@ def stream(pool: GroupedPool, base: EvalSettings, chosen: dict, epsilon_max: flo
                         break
                     k = int(order[f.queries % order.size])
                     x, true = prep.scores(k), pool.prompt(k)[1]
-                    i1, i2 = rng.integers(0, x.size, n), rng.integers(0, x.size, n)
+                    i1, i2 = rng.integers(0, x.size, n), rng.integers(0, x.size, s.rounds(n))
                     if algo == "privitp":
                         sel = privitp_mechanism(x[i1], x[i2], beta=s.beta, sigma_x=s.sx, sigma_z=s.sz, delta=s.delta,
-                                                sensitivity=sens, reward_range=(0.0, 1.0), rng=rng)
+                                                sensitivity=sens, reward_range=(0.0, 1.0), rng=rng,
+                                                max_rounds=s.rounds(n))
                         pick = int(rng.integers(0, x.size)) if sel.fallback else int(i2[sel.index])
                         halting.append(sel.halting_time)
                         eps = sel.epsilon

@@ -13,8 +13,10 @@ class Selection:
                   ``None`` when ``fallback`` is set.
     fallback:     ITP/PrivITP accepted no candidate; the caller must return a *fresh* draw from
                   the base policy (SPEC), which costs one more generation.
-    halting_time: ITP/PrivITP: the round t of acceptance, or n + 1 for the fallback, i.e. the
-                  number of (Phase-2) generations used; ``None`` for BoN/PrivBoN.
+    halting_time: ITP/PrivITP: the round t of acceptance, or n + 1 for the fallback (PrivITP:
+                  T + 1, T = ``max_rounds``), i.e. the number of (Phase-2) generations used;
+                  ``None`` for BoN/PrivBoN.
+    max_rounds:   PrivITP: T, the most Phase-2 rounds (n unless capped).
     epsilon, delta: the privacy spent by this selection (ex-post for PrivITP); BoN and ITP are
                   not private (epsilon = inf).
     """
@@ -26,6 +28,7 @@ class Selection:
     fallback: bool = False
     halting_time: int | None = None
     n: int = 0
+    max_rounds: int | None = None
     noise_scale: float | None = None
     lambda_: float | None = None
     lambda_tilde: float | None = None
