@@ -48,7 +48,9 @@ def main():
         same = None
         if shipped.exists() and args.runs == 200_000:
             rec = json.loads(shipped.read_text())
-            same = [r["successes_D"] for r in rec["rows"]] == [r["successes_D"] for r in res["rows"]]
+            # on the mechanisms the record holds (the capped PrivITP row, issue 31, runs last and came later)
+            fresh = {r["mechanism"]: r["successes_D"] for r in res["rows"]}
+            same = all(fresh.get(r["mechanism"]) == r["successes_D"] for r in rec["rows"])
         print(f"{task}: {wall:.0f} s, claims hold: {ok}, realised/certified sensitivity "
               f"{res['realised_sensitivity'] / res['certified_sensitivity']:.2f}, same as the shipped record: {same}")
         for r in res["rows"]:

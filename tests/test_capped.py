@@ -202,3 +202,30 @@ def test_capped_harness_exact_and_plain_monte_carlo_agree(T):
             assert abs(d.mean()) <= threshold * se + 1e-9, (T, j, metric, d.mean(), se)
     # the capped halting time never exceeds T + 1
     assert rb.per_prompt[0, :, :, METRICS.index("halting_time")].max() <= T + 1
+
+
+def test_evaluate_cli_caps_phase2_and_reports_the_fallback_rate(tmp_path):
+    """`privalign evaluate --max-rounds T`: the cap reaches the harness (settings.json), and summary.csv
+    carries the fallback rate, which grows as T shrinks (fewer chances to accept); bad T is refused."""
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+
+    pool = tmp_path / "p.parquet"
+    simulate("hackable", 12, 64, seed=1).save(pool)
+    fallback = {}
+    for T in (1, 16):
+        out = tmp_path / f"T{T}"
+        r = CliRunner().invoke(app, ["evaluate", str(pool), "--algorithms", "privitp", "--n", "16", "--replicates", "4",
+                                     "--sigma", "0.2", "--max-rounds", str(T), "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert json.loads((out / "settings.json").read_text())["evaluation"]["max_rounds"] == T
+        row = next(csv.DictReader((out / "summary.csv").open()))
+        fallback[T] = float(row["fallback"])
+        assert float(row["halting_time"]) <= T + 1
+    assert fallback[1] > fallback[16] >= 0.0
+    r = CliRunner().invoke(app, ["evaluate", str(pool), "--max-rounds", "0", "--out", str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "max-rounds" in r.output and not (tmp_path / "bad").exists()

@@ -30,3 +30,22 @@ def test_serve_refuses_a_typo_in_one_line_before_anything_is_created(tmp_path):
     out = " ".join(res.output.split())
     assert "unknown key 'sensitivty' in [reward]; did you mean 'sensitivity'?" in out and "'nosuch'" in out
     assert not (tmp_path / "l.db").exists()
+
+
+@pytest.mark.parametrize("mechanism,needle", [
+    ({"max_rounds": 0}, "max_rounds"),
+    ({"max_rounds": 2.5}, "max_rounds"),
+    ({"max_rounds_max": 0}, "max_rounds_max"),
+    ({"max_rounds": 16, "max_rounds_max": 8}, "max_rounds_max must be >= max_rounds=16, got 8"),
+])
+def test_privitp_round_caps_out_of_range_are_refused_naming_the_value(mechanism, needle):
+    """Issue 31: the operator's T and the largest T a request may ask are checked when the config loads."""
+    with pytest.raises(ValidationError) as info:
+        ServiceConfig.model_validate({"mechanism": mechanism})
+    assert needle in config_error_message(info.value)
+
+
+def test_privitp_round_caps_default_to_16_and_accept_a_wider_request_bound():
+    assert ServiceConfig.model_validate({}).mechanism.max_rounds == 16
+    m = ServiceConfig.model_validate({"mechanism": {"max_rounds": 8, "max_rounds_max": 64}}).mechanism
+    assert (m.max_rounds, m.max_rounds_max) == (8, 64)

@@ -75,6 +75,12 @@ def test_run_large_n_writes_the_verdicts_figures_and_report(tmp_path, hacked):
     html = (out / "report.html").read_text()
     first = html[:html.index("<h2>sharp</h2>")]
     assert "The paper's claim" in first and "BoN peaks at n" in first  # the verdict on the first screen
+    # issue 31: capped PrivITP has its own verdict column, its tuning and fallback rate per n, its own colour
+    assert "claim: PrivITP capped eps=1" in first and "fallback" in html[html.index("<h2>sharp</h2>"):]
+    from privalign.report.figures import CAPPED_COLOR, COLORS, _style
+
+    assert _style({"algorithm": "privitp", "max_rounds": 16})["color"] == CAPPED_COLOR != COLORS["privitp"]
+    assert _style({"algorithm": "privitp", "max_rounds": ""})["color"] == COLORS["privitp"]
     with pytest.raises(ValueError, match="not in the pool"):
         run_large_n(tmp_path / "x", hacked, rewards=["nope"], settings=EvalSettings(replicates=2))
 

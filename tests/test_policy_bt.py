@@ -272,5 +272,5 @@ def test_empirical_audit_has_power_on_bon_and_stays_below_the_claims():
     assert res["realised_sensitivity"] <= res["certified_sensitivity"]
     rows = {r["mechanism"]: r for r in res["rows"]}
     assert rows["bon"]["epsilon_lower_bound"] >= 3  # the canary flips BoN's choice: the attack has power
-    for mech in ("privbon", "privbon-gaussian", "privitp"):
+    for mech in ("privbon", "privbon-gaussian", "privitp", "privitp-capped"):  # capped: issue 31
         assert rows[mech]["epsilon_lower_bound"] <= rows[mech]["claimed_epsilon"]

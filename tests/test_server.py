@@ -995,3 +995,40 @@ def test_models_are_loaded_before_the_service_answers_its_first_request(tmp_path
     assert Lazy.loaded == 1
     Service(cfg.model_copy(update={"warm_up": False}), generator=StubGenerator(), reward=Lazy()).close()
     assert Lazy.loaded == 1
+
+
+CAPPED = STUB.replace("max_n = 32", "max_n = 1024").replace(
+    "delta = 0.01", "delta = 0.01\nmax_rounds = 16\nmax_rounds_max = 64\nphase2_chunks = 2")
+
+
+def test_capped_privitp_through_serve_costs_the_same_at_n_1024_as_at_16(tmp_path):
+    """Issue 31: with T = 16 the worst case per query does not grow with n; T is the operator's cap,
+    a request may lower or raise it within max_rounds_max and n; bad values are 400s that charge nothing."""
+    srv = Server(tmp_path, CAPPED.format(total=1e6))
+    srv.start()
+    try:
+        url = srv.url
+        blocks = {}
+        for ext in ({"n": 16}, {"n": 1024}, {"n": 1024, "max_rounds": 64}, {"n": 4}):
+            status, body = chat(url, {"mechanism": "privitp", **ext})
+            assert status == 200, body
+            blocks[tuple(ext.items())] = p = body["privalign"]
+            T = min(ext.get("max_rounds", 16), ext["n"])
+            assert p["max_rounds"] == T and p["halting_time"] <= T + 1
+            assert p["candidates_generated"] <= ext["n"] + T + 1
+            assert p["epsilon_charged"] <= p["epsilon_max"]
+        at16, at1024 = blocks[(("n", 16),)], blocks[(("n", 1024),)]
+        assert at1024["epsilon_max"] == at16["epsilon_max"]
+        assert blocks[(("n", 1024), ("max_rounds", 64))]["epsilon_max"] > at1024["epsilon_max"]
+        assert blocks[(("n", 4),)]["epsilon_max"] < at16["epsilon_max"]  # T = min(16, n) = 4
+        before = call(url, "/v1/budgets/acme-rm")[1]
+        for ext in ({"max_rounds": 0}, {"max_rounds": -3}, {"n": 16, "max_rounds": 17}, {"max_rounds": 2.5},
+                    {"n": 1024, "max_rounds": 65}, {"max_rounds": "4"}, {"max_rounds": True},
+                    {"mechanism": "privbon", "max_rounds": 4}):
+            status, err = chat(url, {"mechanism": "privitp", **ext})
+            assert status == 400 and "max_rounds" in err["error"]["message"], (ext, status, err)
+            assert "\n" not in err["error"]["message"]
+        after = call(url, "/v1/budgets/acme-rm")[1]
+        assert after["queries"] == before["queries"] and after["epsilon_spent"] == before["epsilon_spent"]
+    finally:
+        srv.stop()

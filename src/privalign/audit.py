@@ -103,14 +103,18 @@ def _runs(mechanism: str, scores: np.ndarray, runs: int, model, epsilon: float, 
     if mechanism == "privbon-gaussian":
         sigma = _gaussian_sigma(epsilon, sens)
         return np.argmax(x + sigma * rng.standard_normal((runs, 2)), axis=1) == 1
-    if mechanism == "privitp":
-        sx, sz = A.privitp_noise_scales(epsilon, delta, 2, 0.05, sens, 1.0)
+    if mechanism in ("privitp", "privitp-capped"):
+        # capped: Phase 2 examines T = 1 of the two candidates (T < n, so the cap is in force), calibrated
+        # to epsilon with the T-round worst case; a fallback (a fresh, data-free draw) counts as "not b"
+        T = 1 if mechanism == "privitp-capped" else None
+        sx, sz = A.privitp_noise_scales(epsilon, delta, 2, 0.05, sens, 1.0, max_rounds=T)
         out = np.empty(runs, bool)
         for i in range(runs):
-            sel = M.privitp(x, x, beta=0.05, sigma_x=sx, sigma_z=sz, delta=delta, sensitivity=sens, rng=rng)
+            sel = M.privitp(x, x, beta=0.05, sigma_x=sx, sigma_z=sz, delta=delta, sensitivity=sens, rng=rng,
+                            max_rounds=T)
             out[i] = sel.index == 1
         return out
-    raise ValueError(f"mechanism must be bon, privbon, privbon-gaussian or privitp, got {mechanism!r}")
+    raise ValueError(f"mechanism must be bon, privbon, privbon-gaussian, privitp or privitp-capped, got {mechanism!r}")
 
 
 def _gaussian_sigma(epsilon: float, sens: float) -> float:
@@ -120,7 +124,7 @@ def _gaussian_sigma(epsilon: float, sens: float) -> float:
 
 
 def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1.0, delta: float = 1e-5,
-          runs: int = 200_000, mechanisms=("bon", "privbon", "privbon-gaussian", "privitp"),
+          runs: int = 200_000, mechanisms=("bon", "privbon", "privbon-gaussian", "privitp", "privitp-capped"),
           seed: int | None = None) -> dict:
     """Run the audit; returns the realised sensitivity and one row per mechanism."""
     phi, w_d, w_d2, a, b = _canary_setting(model, raw, prompt_ids, correct)
@@ -134,7 +138,7 @@ def audit(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon: float = 1
         claimed = (math.inf if mech == "bon" else
                    A.gaussian_rnm_epsilon(_gaussian_sigma(epsilon, sens), sens, 1.0, 2) if mech == "privbon-gaussian"
                    else epsilon)
-        dl = delta if mech == "privitp" else 0.0
+        dl = delta if mech.startswith("privitp") else 0.0
         mech_runs = runs
         pilot = max(mech_runs // 10, 100)
         # the separate batch decides which way the event points

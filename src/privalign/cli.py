@@ -175,7 +175,10 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
              beta: float = typer.Option(0.05, help="ITP/PrivITP chi^2 regularisation"),
              sigma_x: Optional[float] = typer.Option(None, help="PrivITP Phase-1 noise (default sigma/2)"),
              sigma_z: Optional[float] = typer.Option(None, help="PrivITP Phase-2 noise (default sigma/2)"),
-             truncation: Optional[float] = typer.Option(None, help="PrivITP L (default sqrt(2 ln n))"),
+             truncation: Optional[float] = typer.Option(None, help="PrivITP L (default sqrt(2 ln T))"),
+             max_rounds: Optional[int] = typer.Option(None, min=1, help="PrivITP: Phase 2 examines at most "
+                                                                        "T = min(max_rounds, n) candidates "
+                                                                        "(default: T = n, uncapped)"),
              delta: float = typer.Option(1e-2, help="PrivITP Phase-1 delta"),
              reward: Optional[str] = typer.Option(None, help="reward column (default: the pool's first)"),
              normalisation: str = typer.Option("none", help="none, global or per-prompt z-scores"),
@@ -206,7 +209,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
         settings = EvalSettings(algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
                                 n_grid=parse_int_list(n), replicates=replicates, sigma=sigma, beta=beta,
                                 sigma_x=sigma_x, sigma_z=sigma_z, truncation=truncation, delta=delta,
-                                reward=reward, normalisation=normalisation, reward_range=rr,
+                                max_rounds=max_rounds, reward=reward, normalisation=normalisation, reward_range=rr,
                                 replace=not without_replacement, estimator=estimator, seed=seed,
                                 workers=workers, executor=executor, scheduler=scheduler).check()
     except ValueError as e:
@@ -1018,6 +1021,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
          sensitivity: Optional[float] = typer.Option(None, help="Delta_r / range (default: --pool's, or 0.01)"),
          delta: float = typer.Option(1e-8, help="privitp: delta per query"),
          beta: float = typer.Option(0.05, help="privitp: beta"),
+         max_rounds: Optional[int] = typer.Option(16, min=1, help="privitp: Phase 2 examines at most min(T, n) "
+                                                                  "candidates (the service's default 16); 0 rounds "
+                                                                  "are refused, --max-rounds n for the uncapped"),
          pool: Optional[Path] = typer.Option(None, help="a scored pool: add the accuracy each gives"),
          reward: Optional[str] = typer.Option(None, help="its certified reward column"),
          pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs"),
@@ -1050,14 +1056,14 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
         from .evaluation.planning import accuracy_at, plan_base, reference_accuracies
 
         try:
-            base, desc = plan_base(_load(pool), reward, pairs, delta, beta)
+            base, desc = plan_base(_load(pool), reward, pairs, delta, beta, max_rounds)
         except (ValueError, KeyError) as e:
             _fail(str(e))
         sensitivity = desc["sensitivity"] if sensitivity is None else sensitivity
     elif pairs is not None:
         _fail("--pairs needs --pool (the reward model whose Delta_r it rescales)")
     sens = 0.01 if sensitivity is None else sensitivity
-    kw = dict(n=n, sensitivity=sens, beta=beta, delta=delta)
+    kw = dict(n=n, sensitivity=sens, beta=beta, delta=delta, max_rounds=max_rounds)
     try:
         if epsilon is not None:
             event = planner.query_event(mechanism, epsilon, **kw)

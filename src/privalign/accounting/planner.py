@@ -27,17 +27,20 @@ MECHANISMS = ("privbon", "privbon-gaussian", "privitp")
 
 
 def query_event(mechanism: str, epsilon: float, *, n: int = 16, sensitivity: float = 0.01, beta: float = 0.05,
-                delta: float = 1e-8, phase1_fraction: float = 0.5) -> PrivacyEvent:
+                delta: float = 1e-8, phase1_fraction: float = 0.5, max_rounds: int | None = None) -> PrivacyEvent:
     """The event of one query at ``epsilon`` per query (its worst case), on the [0, 1] scale with
-    Delta_r = ``sensitivity``: Gumbel or Gaussian PrivBoN, or PrivITP calibrated to ``epsilon``."""
+    Delta_r = ``sensitivity``: Gumbel or Gaussian PrivBoN, or PrivITP calibrated to ``epsilon`` with
+    Phase 2 capped at T = min(``max_rounds``, n) rounds (None: T = n)."""
     if mechanism == "privbon":
         return privbon_event(privbon_noise_scale(epsilon, sensitivity), sensitivity)
     if mechanism == "privbon-gaussian":
         sigma = privbon_noise_scale(epsilon, sensitivity, noise="gaussian", n=n, r_max=1.0)
         return privbon_event(sigma, sensitivity, noise="gaussian", n=n, r_max=1.0)
     if mechanism == "privitp":
-        sx, sz = privitp_noise_scales(epsilon, delta, n, beta, sensitivity, 1.0, phase1_fraction=phase1_fraction)
-        return privitp_event(n, beta, sx, sz, delta, sensitivity, 1.0)
+        T = None if max_rounds is None else min(max_rounds, n)
+        sx, sz = privitp_noise_scales(epsilon, delta, n, beta, sensitivity, 1.0, phase1_fraction=phase1_fraction,
+                                      max_rounds=T)
+        return privitp_event(n, beta, sx, sz, delta, sensitivity, 1.0, max_rounds=T)
     raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
 
 

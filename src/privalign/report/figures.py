@@ -8,6 +8,7 @@ import numpy as np
 
 COLORS = {"bon": "#d62728", "privbon": "#1f77b4", "privbon-gaussian": "#17becf", "itp": "#2ca02c",
           "privitp": "#9467bd"}
+CAPPED_COLOR = "#e377c2"  # capped PrivITP (rows that carry max_rounds), apart from the uncapped mechanism
 LABELS = {"bon": "BoN", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",
           "itp": "ITP", "privitp": "PrivITP"}
 
@@ -81,7 +82,10 @@ def noise_sweep(rows: list[dict], out: Path, name: str = "itp_vs_privitp") -> li
 def _style(row) -> dict:
     eps = row.get("target_epsilon")
     dashed = eps not in (None, "", float("inf")) and isinstance(eps, (int, float)) and eps > 1.0
-    return {"color": COLORS.get(row["algorithm"]), "ls": "--" if dashed else "-"}
+    capped = row["algorithm"] == "privitp" and row.get("max_rounds") not in (None, "")
+    tuned = str(row.get("method", "")).startswith("ITP (beta tuned")  # large-n: ITP at its own beta per n
+    return {"color": CAPPED_COLOR if capped else COLORS.get(row["algorithm"]),
+            "ls": "--" if dashed else "-." if tuned else "-"}
 
 
 def curves_ci(rows: list[dict], out: Path, name: str, title: str, caption_n: str = "") -> list[str]:

@@ -174,7 +174,7 @@ def _audit_section(d: Path) -> str:
     """The empirical privacy audit (``privalign audit``) of the reward model, when one is attached."""
     a = json.loads((d / "audit.json").read_text())
     names = {"bon": "BoN (not private)", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",
-             "privitp": "PrivITP"}
+             "privitp": "PrivITP", "privitp-capped": "PrivITP capped (T = 1 of n = 2)"}
     rows = "".join(
         f"<tr><td>{names.get(r['mechanism'], html.escape(r['mechanism']))}</td><td>{sig3(r['claimed_epsilon'])}</td>"
         f"<td>{sig3(r['delta'])}</td><td>{sig3(r['epsilon_lower_bound'])}</td>"
@@ -367,6 +367,12 @@ def render_large_n(d: Path, settings: dict) -> str:
         p.append("<p>ITP's beta chosen on held-out prompts at each n: "
                  + ", ".join(f"n = {k}: {sig3(v)}" for k, v in sm["itp_beta_by_n"].items())
                  + f" (at n_ref: {sig3(sm['itp_beta_at_n_ref'])}).</p>")
+        if sm.get("capped_by_n"):
+            p.append("<p>Capped PrivITP, chosen on held-out prompts at each n (T, beta, Phase-1 share of the "
+                     "noise) and its fallback rate on the test prompts: "
+                     + ", ".join(f"n = {k}: T = {c['max_rounds']}, beta {sig3(c['beta'])}, split "
+                                 f"{sig3(c['phase1_fraction'])}, fallback {sig3(c.get('test_fallback'))}"
+                                 for k, c in sm["capped_by_n"].items()) + ".</p>")
     p.append(_details("Every curve point (summary.csv)", _table(read_csv(d / "summary.csv"), None)))
     p.append("<h2>Settings</h2><pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre></body></html>")
     return "".join(p)

@@ -5,7 +5,7 @@ options ride in the request body under ``privalign`` (the stock ``openai`` clien
 ``extra_body={"privalign": {...}}``):
 
     {"mechanism": "privbon" | "privitp", "n": 16, "epsilon": 1.0, "noise_scale": ..., "beta": 0.05,
-     "sigma_x": ..., "sigma_z": ..., "budget": "default"}
+     "sigma_x": ..., "sigma_z": ..., "max_rounds": 16, "budget": "default"}
 
 Each request: validate (4xx, nothing charged) -> reserve the worst case in the ledger (429 when
 the budget cannot cover it) -> generate and score candidates -> select -> settle the realised cost
@@ -148,9 +148,10 @@ def shown(x: float) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max) -> A.PrivacyEvent:
-    """PrivITP's event (worst case, delta, rho), cached: the worst case takes milliseconds to compute."""
-    return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max)
+def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, max_rounds) -> A.PrivacyEvent:
+    """PrivITP's event (worst case, delta, rho) with T = ``max_rounds`` Phase-2 rounds, cached: the
+    worst case takes milliseconds to compute."""
+    return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, max_rounds=max_rounds)
 
 
 class LedgerCollector:
@@ -388,7 +389,8 @@ class Service:
     def options(self, ext: dict | None, tenant: str | None) -> dict:
         d = self.cfg.mechanism
         ext = dict(ext or {})
-        unknown = set(ext) - {"mechanism", "n", "epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "budget", "delta"}
+        unknown = set(ext) - {"mechanism", "n", "epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "budget", "delta",
+                              "max_rounds"}
         if unknown:
             raise ApiError(400, "invalid_request", f"unknown privalign option(s): {sorted(unknown)}")
         mech = ext.get("mechanism", d.name)
@@ -408,6 +410,10 @@ class Service:
             raise ApiError(400, "invalid_request", f"privalign.delta must lie in (0, 1), got {ext['delta']!r}")
         o.update(beta=ext.get("beta", d.beta), sigma_x=ext.get("sigma_x", d.sigma_x), sigma_z=ext.get("sigma_z", d.sigma_z),
                  delta=ext.get("delta", d.delta))
+        if mech == "privitp":
+            o["max_rounds"] = self._max_rounds(ext.get("max_rounds"), n)
+        elif "max_rounds" in ext:
+            raise ApiError(400, "invalid_request", f"privalign.max_rounds applies to privitp only, not {mech!r}")
         if mech == "privbon" and "epsilon" in ext and "noise_scale" in ext:
             raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
         if mech == "released-bon":
@@ -433,7 +439,7 @@ class Service:
                 # reserved on the same 2^-20 grid as the ex-post charge, so snapping never lifts a charge
                 # above its reservation; a realised cost above it is still charged in full (the filter's rule)
                 event = _privitp_event(n, o["beta"], o["sigma_x"], o["sigma_z"], o["delta"], self.sensitivity,
-                                       self.range[1] - self.range[0])
+                                       self.range[1] - self.range[0], o["max_rounds"])
                 eps_max = snap_up(event.epsilon) if math.isfinite(event.epsilon) else event.epsilon
                 o["event"] = dataclasses.replace(event, epsilon=eps_max)
                 o["epsilon_max"] = eps_max
@@ -461,6 +467,22 @@ class Service:
             raise ApiError(404, "not_found", f"unknown budget {budget!r}")
         o["budget"] = budget
         return o
+
+    def _max_rounds(self, asked, n: int) -> int:
+        """PrivITP's T for a request: the operator's max_rounds capped at n, or the request's own
+        1 <= T <= min(n, max_rounds_max)."""
+        d = self.cfg.mechanism
+        if asked is None:
+            return min(d.max_rounds, n)
+        bound = d.max_rounds if d.max_rounds_max is None else d.max_rounds_max
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+            raise ApiError(400, "invalid_request", f"privalign.max_rounds must be a positive integer, got {asked!r}")
+        if asked > n:
+            raise ApiError(400, "invalid_request", f"privalign.max_rounds must not exceed n={n}, got {asked!r}")
+        if asked > bound:
+            raise ApiError(400, "invalid_request", f"privalign.max_rounds must not exceed this service's "
+                                                   f"max_rounds_max={bound}, got {asked!r}")
+        return asked
 
     # ------------------------------------------------------------------ one query
     def answer(self, messages: list[dict], ext: dict | None, tenant: str | None, max_tokens: int | None = None,
@@ -562,7 +584,8 @@ class Service:
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage,
                 "logprobs": token_lp, "privalign": {
-            "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"], "candidates_generated": generated,
+            "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"],
+            **({"max_rounds": o["max_rounds"]} if "max_rounds" in o else {}), "candidates_generated": generated,
             "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
             "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
             "rho": None if o["event"].rho is None else shown(o["event"].rho),
@@ -636,11 +659,12 @@ class Service:
     def _select(self, messages, o, max_tokens, temperature=None, usage: dict | None = None):
         """Generate, score and select. Returns (the selected Generation, selection, candidates generated).
 
-        PrivITP's Phase 2 is generated in chunks: at most ``phase2_chunks`` backend calls of
-        c = ceil(n / phase2_chunks) candidates, each chunk scored in one reward call. The first chunk
-        rides with Phase 1's call (n + c samples of the same prompt); the last carries one extra
-        sample, kept unscored for the fallback's fresh base-policy draw. So a query makes at most
-        ``phase2_chunks`` backend calls and generates at most n + t + c (+ 1) candidates.
+        PrivITP's Phase 2 (at most T = ``max_rounds`` rounds) is generated in chunks: at most
+        ``phase2_chunks`` backend calls of c = ceil(T / phase2_chunks) candidates, each chunk scored in
+        one reward call. The first chunk rides with Phase 1's call (n + c samples of the same prompt);
+        the last carries one extra sample, kept unscored for the fallback's fresh base-policy draw. So a
+        query makes at most ``phase2_chunks`` backend calls and generates at most n + t + c (+ 1)
+        candidates.
 
         Why this is sound (the privacy analysis is unchanged): every candidate is an independent draw
         of the base policy, which does not depend on the private data, whichever call produced it.
@@ -663,7 +687,8 @@ class Service:
             sel = M.privbon(r1, noise_scale=o["noise_scale"], sensitivity=self.sensitivity, reward_range=self.range,
                             noise=self.cfg.mechanism.privbon_noise)
             return first[sel.index], sel, n
-        c = -(-n // min(self.cfg.mechanism.phase2_chunks, n))  # Phase 2's chunk size, ceil(n / chunks)
+        T = o["max_rounds"]
+        c = -(-T // min(self.cfg.mechanism.phase2_chunks, T))  # Phase 2's chunk size, ceil(T / chunks)
         phase2: list = []            # Phase-2 candidates (Generations), in the order the mechanism examines them
         rewards: list[float] = []    # their rewards
         generated, fallback, examined = 0, None, 0
@@ -672,7 +697,7 @@ class Service:
             """One backend call: k1 Phase-1 and k2 Phase-2 candidates (plus the fallback's draw when this
             chunk completes Phase 2), scored in one reward call; returns the Phase-1 scores."""
             nonlocal generated, fallback
-            last = len(phase2) + k2 == n
+            last = len(phase2) + k2 == T
             gens = self._generate(messages, k1 + k2 + last, max_tokens, temperature, usage, o["stop"])
             generated += len(gens)
             if last:
@@ -682,17 +707,17 @@ class Service:
             rewards.extend(float(r) for r in scores[k1:])
             return scores[:k1]
 
-        r1 = draw(n, min(c, n))
+        r1 = draw(n, min(c, T))
 
         def next_reward():  # strictly in order; the next chunk only once every earlier one is examined
             nonlocal examined
             if examined == len(rewards):
-                draw(0, min(c, n - len(phase2)))
+                draw(0, min(c, T - len(phase2)))
             examined += 1
             return rewards[examined - 1]
 
         sel = M.privitp(r1, next_reward, beta=o["beta"], sigma_x=o["sigma_x"], sigma_z=o["sigma_z"], delta=o["delta"],
-                        sensitivity=self.sensitivity, reward_range=self.range)
+                        sensitivity=self.sensitivity, reward_range=self.range, max_rounds=T)
         if sel.fallback:  # every candidate was examined, so the last chunk, with the fallback's draw, was made
             return fallback, sel, generated
         return phase2[sel.index], sel, generated

@@ -46,6 +46,8 @@ sigma_x = 1.0
 sigma_z = 1.0
 delta = 1e-8                            # privitp, per query: far below 1 / (people in the data)
 phase2_chunks = 2                       # privitp: backend calls for Phase 2 (the first joins Phase 1's)
+max_rounds = 16                         # privitp: Phase 2 examines at most T = min(max_rounds, n) candidates
+# max_rounds_max = 64                   # privitp: the largest T a request may ask (default: max_rounds)
 
 [[budgets]]
 name = "default"
@@ -166,6 +168,17 @@ class MechanismConfig(_Section):
     # privitp: Phase 2's n candidates are generated in at most this many backend calls (the first
     # rides with Phase 1's call); 1 = all at once, n = one at a time (docs/deploy.md)
     phase2_chunks: int = Field(2, ge=1)
+    # privitp: Phase 2 examines at most T = min(max_rounds, n) candidates, so the worst case per query
+    # does not grow with n (docs/accounting.md, "Capping Phase 2"); 16 from the large-n evidence
+    # (docs/experiments.md). A request may ask for its own T up to max_rounds_max (default max_rounds).
+    max_rounds: int = Field(16, ge=1)
+    max_rounds_max: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _rounds_bound(self):
+        if self.max_rounds_max is not None and self.max_rounds_max < self.max_rounds:
+            raise ValueError(f"max_rounds_max must be >= max_rounds={self.max_rounds}, got {self.max_rounds_max!r}")
+        return self
 
 
 class BudgetConfig(_Section):
