@@ -35,13 +35,10 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     a = ap.parse_args(argv)
     pool, _ = large_pool(a.task)
-    reward = a.reward if a.reward.startswith("reward:") or a.reward in pool.reward_names else f"reward:{a.reward}"
-    if reward not in pool.reward_names:
-        reward = a.reward
     grouped = pool.grouped()
     out = []
     for n, T in ((16, 16), (1024, 16), (1024, None)):
-        base = declared_reward(pool, EvalSettings(reward=reward, delta=a.delta, beta=a.beta, max_rounds=T, seed=0))
+        base = declared_reward(pool, EvalSettings(reward=a.reward, delta=a.delta, beta=a.beta, max_rounds=T, seed=0))
         t0 = time.perf_counter()
         rows = stream(grouped, base, {a.epsilon: {"privitp": {"beta": a.beta, "phase1_fraction": 0.5}}},
                       epsilon_max=a.epsilon, n=n, epsilon_total=a.epsilon_total, delta_total=a.delta_total,

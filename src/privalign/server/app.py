@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import accounting as A
 from .. import mechanisms as M
+from .._validation import check_max_rounds
 from ..accounting._rounding import snap_up
 from ..backends.base import BackendError
 from ..ledger import BudgetExhausted, Ledger, UnknownBudget
@@ -475,10 +476,10 @@ class Service:
         if asked is None:
             return min(d.max_rounds, n)
         bound = d.max_rounds if d.max_rounds_max is None else d.max_rounds_max
-        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
-            raise ApiError(400, "invalid_request", f"privalign.max_rounds must be a positive integer, got {asked!r}")
-        if asked > n:
-            raise ApiError(400, "invalid_request", f"privalign.max_rounds must not exceed n={n}, got {asked!r}")
+        try:
+            check_max_rounds(asked, n)  # the mechanism's own rule: an integer in [1, n]
+        except ValueError as e:
+            raise ApiError(400, "invalid_request", f"privalign.{e}") from None
         if asked > bound:
             raise ApiError(400, "invalid_request", f"privalign.max_rounds must not exceed this service's "
                                                    f"max_rounds_max={bound}, got {asked!r}")
