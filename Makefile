@@ -99,7 +99,7 @@ models-person: $(STAMP)
 	  { [ -f $(POOLS)/$$t-test.parquet.features.npz ] || $(BIN)/privalign featurize $(POOLS)/$$t-person.parquet; } && \
 	  { [ -f $(POOLS)/$$t-test.parquet.features.npz ] || mv $(POOLS)/$$t-person.parquet.features.npz $(POOLS)/$$t-test.parquet.features.npz; } && \
 	  ln -sf $$t-test.parquet.features.npz $(POOLS)/$$t-person.parquet.features.npz && \
-	  $(BIN)/privalign score $(POOLS)/$$t-person.parquet --reward policy-bt:$(DATA)/$$t-policy-bt-person.json && \
+	  $(BIN)/privalign score $(POOLS)/$$t-person.parquet --reward policy-bt:$(DATA)/$$t-policy-bt-person.json --head-features && \
 	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-person.parquet $(DATA)/$$t-smollm2.parquet || exit 1; \
 	done
 

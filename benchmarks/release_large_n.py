@@ -26,21 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from privalign.evaluation.laws import bon_exact
-from privalign.metrics import softmax_rows
+from privalign.evaluation.release import selection_curves
 from privalign.pipeline import pool_features
 from privalign.pools import load_pool
 from privalign.rewards.policy_bt import PolicyBTReward
 from privalign.rewards.release import check_release, release_noise_scale
 
 N_GRID = tuple(2 ** k for k in range(11))
-
-
-def soft_bon(x01: np.ndarray, y: np.ndarray, n: int, tau: float, rng: np.random.Generator, sets: int) -> float:
-    """E[true reward] of soft BoN (softmax(x / tau) over n candidates drawn with replacement), on
-    ``sets`` candidate sets: the law within a set is exact."""
-    idx = rng.integers(0, x01.size, (sets, n))
-    return float((softmax_rows(x01[idx], tau) * y[idx]).sum(axis=1).mean())
 
 
 def main() -> None:
@@ -63,22 +55,13 @@ def main() -> None:
     pid = np.asarray(pool.columns["prompt_id"], str)
     y = np.asarray(pool.columns["true_reward"], float)
     groups = [np.flatnonzero(pid == p) for p in np.unique(pid)]
-    lo, hi = head.output_range
     taus = [float(t) for t in a.temperatures.split(",") if t]
     rng = np.random.default_rng(a.seed)
 
     def curves(scores: np.ndarray) -> dict:
         """Accuracy per (selector, n), averaged over prompts, for one score vector."""
-        out = {("bon", n): 0.0 for n in N_GRID}
-        out.update({(f"soft tau={t:g}", n): 0.0 for t in taus for n in N_GRID})
-        x01 = (np.clip(scores, lo, hi) - lo) / (hi - lo)
-        for rows in groups:
-            b = bon_exact(scores[rows], y[rows][:, None], N_GRID)[:, 0]
-            for j, n in enumerate(N_GRID):
-                out[("bon", n)] += b[j] / len(groups)
-                for t in taus:
-                    out[(f"soft tau={t:g}", n)] += soft_bon(x01[rows], y[rows], n, t, rng, a.sets) / len(groups)
-        return out
+        c = selection_curves(scores, groups, y, N_GRID, taus, head.output_range, rng, a.sets)
+        return {(k[0] if k[0] == "bon" else f"soft tau={k[0][1]:g}", k[1]): v for k, v in c.items()}
 
     exact = curves(phi @ head.w)
     base = float(np.mean([y[r].mean() for r in groups]))

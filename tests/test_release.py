@@ -337,3 +337,131 @@ delta_total = 1e-5
     assert len(releases) == 1 and releases[0]["epsilon"] == pytest.approx(1.0)
     tenant = led.budget("default")
     assert tenant.queries == 102 and tenant.spent.epsilon == 0 and led.check() == []
+
+
+# ------------------------------------------------------------------ the release study (reproduce)
+def _shipped(task):
+    from importlib import resources
+
+    from privalign.pools import load_pool
+
+    data = resources.files("privalign") / "data"
+    return (load_pool(str(data / f"{task}-smollm2.parquet")),
+            PolicyBTReward.load(str(data / f"{task}-policy-bt-person.json")))
+
+
+@pytest.mark.parametrize("task", ["counting", "arithmetic-mix", "mmlu-letters"])
+def test_the_shipped_pools_carry_their_person_heads_features(task):
+    """phi . w of the stored (float32) coordinates is the head's stored score, for the head they name."""
+    pool, head = _shipped(task)
+    phi = pool.head_features(head.name)
+    assert phi.shape == (pool.n_rows, head.w.size)
+    assert pool.metadata["head_features"][head.name]["head_id"] == head.meta["head_id"]
+    tol = 1e-6 * (1 + np.abs(head.w).sum())  # float32 coordinates
+    assert np.abs(phi @ head.w - pool.reward(head.name)).max() < tol
+    assert pool.head_features("no-such-head") is None
+
+
+def test_release_study_tends_to_bon_without_noise_and_puts_per_query_noise_beside_it():
+    from privalign.evaluation.release import release_study
+    from privalign.rewards.release import study_head
+
+    pool, model = _shipped("counting")
+    ids = np.unique(np.asarray(pool.columns["prompt_id"], str))[:60]
+    pool = pool.subset_rows(np.isin(np.asarray(pool.columns["prompt_id"], str), ids))
+    head = study_head(model)
+    r = release_study(pool, head, ids[:30], ids[30:], 8, (1, 8, 32), epsilons=(1e6, 0.3), queries=(10, 1000),
+                      taus=(0.01, 0.1), draws=6, sets=4)
+    at = {(q["epsilon_w"], q["queries"]): q for q in r["queries"]}
+    # a release with (almost) no noise is the exact head: BoN's accuracy at n_ref, every draw (near-ties aside)
+    assert abs(at[1e6, 10]["release_mean"] - r["bon"][8]) < 1e-3 and abs(at[1e6, 10]["release_p5"] - r["bon"][8]) < 1e-3
+    assert r["bon"][8] > r["base"] + 0.1
+    # the release does not depend on Q; per-query noise gets less each as Q grows, and at epsilon_w 0.3
+    # with Q = 1,000 it is no better than a little above the base policy
+    assert at[0.3, 10]["release_mean"] == at[0.3, 1000]["release_mean"]
+    assert at[0.3, 1000]["per_query_epsilon"] < at[0.3, 10]["per_query_epsilon"] < 0.3
+    assert abs(at[0.3, 1000]["per_query_accuracy"] - r["base"]) < 0.02
+    # BoN at n = 1 picks uniformly whatever the scores: the base policy, every draw
+    for row in r["n"]:
+        if row["n"] == 1 and row["selector"] == "bon":
+            assert abs(row["mean"] - r["base"]) < 1e-9 and abs(row["p5"] - r["base"]) < 1e-9
+    assert {row["selector"] for row in r["n"]} == {"bon", "soft"} and set(r["tau"]) == {1e6, 0.3}
+    assert r["tau"][0.3] in (0.01, 0.1)
+
+
+def test_release_study_refuses_features_of_another_head_and_a_bad_delta():
+    from dataclasses import replace
+
+    from privalign.evaluation.release import release_study
+    from privalign.rewards.release import study_head
+
+    pool, model = _shipped("counting")
+    head = study_head(model)
+    ids = np.unique(np.asarray(pool.columns["prompt_id"], str))
+    with pytest.raises(ValueError, match="belong to head"):
+        release_study(pool, replace(head, head_id="0" * 32), ids[:2], ids[2:4], 4, (1, 4))
+    with pytest.raises(ValueError, match="no head features for 'other'"):
+        release_study(pool, replace(head, name="other"), ids[:2], ids[2:4], 4, (1, 4))
+    with pytest.raises(ValueError, match=r"delta_w must lie in \(0, 1/P\)"):
+        head.sigma(1.0, 0.5)
+
+
+def test_reproduce_studies_the_release_and_reports_it(tmp_path):
+    from privalign.evaluation import EvalSettings
+    from privalign.evaluation.suite import run_reproduce
+    from privalign.report.results import read_csv
+    from privalign.rewards.release import study_head
+
+    pool, model = _shipped("counting")
+    pid = np.asarray(pool.columns["prompt_id"], str)
+    pool = pool.subset_rows(np.isin(pid, np.unique(pid)[:40]))
+    out = run_reproduce(tmp_path / "res", pool, "slice", settings=EvalSettings(replicates=2), n_grid=(1, 4, 16),
+                        sigma_grid=(0.05,), beta_grid=(0.1,), n_ref=8, epsilons=(1.0,), stream_seeds=1,
+                        release=study_head(model), release_draws=4)
+    rows = read_csv(out / "release_vs_queries.csv")
+    assert {r["epsilon_w"] for r in rows} == {0.1, 0.3, 1.0, 3.0, 10.0} and {r["queries"] for r in rows} == {
+        10, 100, 1000, 10000}
+    assert {"release_vs_queries.png", "release_vs_n.png", "release_vs_n.csv", "release.json"} <= {
+        p.name for p in out.iterdir()}
+    head = json.loads((out / "headline.json").read_text())["release"]
+    assert head["persons"] == model.meta["persons"] and set(head["at"]) == {"0.1", "0.3", "1.0", "3.0", "10.0"}
+    page = (out / "report.html").read_text()
+    assert "Release once, or noise every query" in page and "released once (P = 89 persons, k = 16" in page
+
+
+def test_reproduce_cli_names_a_head_whose_features_the_pool_lacks(tmp_path):
+    res = CliRunner().invoke(app, ["reproduce", "--release-head",
+                                   str(_shipped_path("mmlu-letters-policy-bt-person.json")), "--out",
+                                   str(tmp_path / "r")])
+    assert res.exit_code != 0
+    assert "is not the head whose features the pool carries" in res.output and len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def _shipped_path(name):
+    from importlib import resources
+
+    return resources.files("privalign") / "data" / name
+
+
+def test_score_head_features_keeps_phi_for_a_certified_head_and_refuses_a_released_one(tmp_path):
+    runner = CliRunner()
+    pool = _train_pool(tmp_path)
+    res = runner.invoke(app, ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--pool", str(pool),
+                              "--lam", "1", "--components", "4", "--pairs-per-person", "4", "--release-epsilon", "1",
+                              "--out", str(tmp_path / "rm.json")])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["score", str(pool), "--reward", f"policy-bt:{tmp_path / 'rm.json'}", "--head-features"])
+    assert res.exit_code == 0, res.output
+    from privalign.pools import load_pool
+
+    p, model = load_pool(pool), PolicyBTReward.load(tmp_path / "rm.json")
+    phi = p.head_features(model.name)
+    lo, hi = model.output_range
+    assert np.allclose(np.clip(phi @ model.w, lo, hi), p.reward(model.name), atol=1e-5)
+    assert p.metadata["head_features"][model.name] == {"head_id": model.meta["head_id"], "dim": model.w.size}
+    before = pool.read_bytes()
+    res = runner.invoke(app, ["score", str(pool), "--reward", f"policy-bt:{tmp_path / 'rm.released.json'}",
+                              "--head-features"])
+    assert res.exit_code == 2 and "needs a certified policy-bt head with exact weights" in " ".join(res.output.split())
+    assert pool.read_bytes() == before

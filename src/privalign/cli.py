@@ -287,24 +287,31 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
                                                                 "(--reward: a comma list); default pool: the task's "
                                                                 "shipped large pool"),
               prompts: Optional[int] = typer.Option(None, min=2, help="--large: only the first N prompts (a slice)"),
+              release_head: Optional[Path] = typer.Option(
+                  None, help="a certified policy-bt head whose features the pool carries (score --head-features): "
+                             "study its one-time release against per-query noise (default: the embedded pool's "
+                             "shipped person-unit head, when the pool carries its features)"),
               out: Path = typer.Option(..., help="results directory")):
     """Run the paper's experiments at fixed privacy levels and write a report.
 
     Tuning under a privacy constraint on held-out prompts, curves with 95% intervals,
-    privacy-utility, ITP vs PrivITP, the FSRC stream, and the empirical audit when one is
-    attached."""
+    privacy-utility, ITP vs PrivITP, the FSRC stream, the certified head released once against
+    per-query noise (when the pool carries the head's features), and the empirical audit when one
+    is attached."""
     from .evaluation import EvalSettings
     from .evaluation.suite import default_pool, run_reproduce
 
     if pool and task:
         _fail("give --pool or --task, not both")
-    _out_dir(out, inputs=[pool, audit])
+    _out_dir(out, inputs=[pool, audit, release_head])
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
             raise ValueError
     except ValueError:
         _fail(f"--targets must be positive numbers like '1,4', got {targets!r}")
+    if large and release_head is not None:
+        _fail("--release-head applies to the reproduce study, not to --large (see benchmarks/release_large_n.py)")
     if large:
         return _reproduce_large(pool, task, reward, target_eps[0], replicates, seed, workers, executor, scheduler,
                                 prompts, out)
@@ -328,9 +335,10 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     except ValueError as e:
         _fail(str(e))
     _check_executor(executor)
+    study = _study_head(p, release_head, embedded=not pool, reward=reward)
     with _progress() as bar:
-        job = bar.add_task("experiments", total=7)
-        run_reproduce(out, p, label, settings=settings, targets=target_eps,
+        job = bar.add_task("experiments", total=7 + (study is not None))
+        run_reproduce(out, p, label, settings=settings, targets=target_eps, release=study,
                       progress=lambda name, done, total: bar.update(job, completed=done, total=total,
                                                                     description=name))
     if audit_record is not None:
@@ -370,6 +378,35 @@ def _reproduce_large(pool, task, reward, eps, replicates, seed, workers, executo
     body = json.loads((out / "large_n.json").read_text())
     console.print("\n".join([f"wrote {out} (open {out}/report.html)",
                               *(f"- {claim_sentence(sm)}" for sm in body["studies"])]), markup=False)
+
+
+def _study_head(p, path: Optional[Path], embedded: bool, reward: Optional[str]):
+    """The head whose release ``reproduce`` studies: ``--release-head``, or for an embedded pool the
+    shipped head of its default reward when the pool carries that head's features; None otherwise."""
+    from importlib import resources
+
+    from .rewards.policy_bt import PolicyBTReward
+    from .rewards.release import study_head
+
+    recorded = p.metadata.get("head_features") or {}
+    if path is None:
+        name = reward or p.metadata.get("default_reward")
+        if not embedded or name not in recorded:
+            return None
+        path = Path(str(resources.files("privalign") / "data" / f"{p.metadata.get('task')}-{name}.json"))
+        if not path.exists():
+            return None
+    try:
+        head = study_head(PolicyBTReward.load(path))
+    except (OSError, ValueError, KeyError) as e:
+        _fail(f"--release-head {path}: {e}")
+    if head.name not in recorded:
+        _fail(f"--release-head {path}: the pool carries no features of head {head.name!r} (it has "
+              f"{sorted(recorded) or 'none'}); add them with privalign score --reward policy-bt:{path} --head-features")
+    if recorded[head.name].get("head_id") != head.head_id:
+        _fail(f"--release-head {path}: head_id {head.head_id!r} is not the head whose features the pool carries "
+              f"({recorded[head.name].get('head_id')!r})")
+    return head
 
 
 def shipped_audit(task: Optional[str]) -> Optional[Path]:
@@ -499,7 +536,10 @@ def score(pool: Path = typer.Argument(...),
           trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                                  help="hf: run the checkpoint's own modelling code (ArmoRM, ...)"),
           batch_size: Optional[int] = typer.Option(None, help="hf: rows per forward pass (default: 16 on the CPU, "
-                                                              "from free memory on a GPU); vllm: texts per request")):
+                                                              "from free memory on a GPU); vllm: texts per request"),
+          head_features: bool = typer.Option(False, "--head-features",
+                                             help="policy-bt heads: also keep their feature coordinates phi "
+                                                  "(phi:<name>:<j> columns), for the release study of reproduce")):
     """Score a pool's responses with reward models: adds one reward:<name> column each."""
     from .backends.base import BackendError
     from .pipeline import score_pool
@@ -514,7 +554,8 @@ def score(pool: Path = typer.Argument(...),
     try:
         with _progress() as bar:
             job = bar.add_task("scoring", total=None)
-            p = score_pool(pool, models, progress=lambda d, t: bar.update(job, completed=d, total=t))
+            p = score_pool(pool, models, progress=lambda d, t: bar.update(job, completed=d, total=t),
+                           head_features=head_features)
     except (ValueError, BackendError) as e:
         _fail(f"scoring {pool}: {e}")
     console.print(f"scored {pool}: rewards {p.reward_names}, clipped {p.metadata.get('clipped')}")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 REWARD_PREFIX = "reward:"
+HEAD_FEATURES_PREFIX = "phi:"  # phi:<reward>:<j>, a certified head's feature coordinates (Pool.head_features)
 REQUIRED = ("prompt_id", "sample_id", "true_reward")
 OPTIONAL_TEXT = ("response", "answer", "prompt")
 
@@ -54,6 +55,20 @@ class Pool:
         if name not in names:
             raise PoolError(f"reward {name!r} not in the pool; it has {names}")
         return self.columns[REWARD_PREFIX + name]
+
+    def head_features(self, name: str) -> np.ndarray | None:
+        """phi(x, y) of the certified head ``name``, shape (rows, d), from the columns ``phi:<name>:<j>``
+        (``privalign score --head-features``): the head's score is phi . w, and a released head's is
+        phi . w~. None when the pool does not carry them."""
+        prefix = f"{HEAD_FEATURES_PREFIX}{name}:"
+        cols = sorted((int(c[len(prefix):]), c) for c in self.columns if c.startswith(prefix))
+        if not cols:
+            return None
+        return np.column_stack([np.asarray(self.columns[c], np.float64) for _, c in cols])
+
+    def subset_rows(self, mask: np.ndarray) -> "Pool":
+        """The rows where ``mask`` holds (every column), with the same metadata."""
+        return Pool({k: v[mask] for k, v in self.columns.items()}, self.metadata)
 
     def grouped(self, reward: str | None = None) -> "GroupedPool":
         """Rows grouped by prompt (stable order): flat arrays plus offsets, read-only.

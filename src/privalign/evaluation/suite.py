@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from ..report.results import SUMMARY_COLUMNS, atomic_directory, write_csv, write
 from . import experiments as X
 from .harness import METRICS, EvalResult, EvalSettings
 from ..metrics import within_prompt_auc
+
+if TYPE_CHECKING:
+    from .release import StudyHead
 from .parallel import evaluate
 
 Progress = Callable[[str, int, int], None]
@@ -133,6 +137,7 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
                   targets=(1.0, 4.0), n_ref: int = 16, n_grid=REPRODUCE_N, epsilons=UTILITY_EPSILONS,
                   beta_grid=X.BETA_GRID, sigma_grid=X.SIGMA_GRID, delta: float = 1e-5,
                   stream_total: float = 20.0, stream_delta_total: float = 1e-3, stream_seeds: int = 10,
+                  release: "StudyHead | None" = None, release_draws: int = 20,
                   progress: Progress | None = None) -> Path:
     """The paper's experiments at privacy levels a reviewer would accept.
 
@@ -144,7 +149,9 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     3. The privacy-utility curve at n = ``n_ref``; 4. ITP versus PrivITP across noise, with PrivITP's
        sigma also chosen for accuracy alone on the held-out prompts (the paper's protocol), its
        epsilon reported; 5. streams of PrivITP and Gumbel PrivBoN queries under one budget: basic,
-       FSRC and zCDP.
+       FSRC and zCDP; 6. with ``release`` (a certified head whose features the pool carries), the
+       head released once against per-query noise over Q queries, and at every n
+       (``release.release_study``).
     PrivITP spends ``delta`` per query (default 1e-5, well below 1 / the number of people).
     """
     from . import private as P
@@ -155,7 +162,7 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     grouped = pool.grouped(s.reward)
     largest = int(np.diff(grouped.offsets).min())
     n_grid = tuple(sorted({*(n for n in (*n_grid, n_ref) if n <= largest), largest}))
-    steps, step = 7, 0
+    steps, step = 7 + (release is not None), 0
 
     def tick(name):
         nonlocal step
@@ -181,6 +188,14 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
     headline = headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref)
     headline["auc"] = test_auc(pool, s.reward, grouped.prompt_ids[test_idx])
     tick("headline")
+    study = None
+    if release is not None:
+        from .release import release_study
+
+        study = release_study(pool, release, grouped.prompt_ids[held_idx], grouped.prompt_ids[test_idx], n_ref,
+                              n_grid, draws=release_draws, seed=s.seed)
+        headline["release"] = release_headline(study)
+        tick("released head")
 
     with atomic_directory(out) as tmp:
         write_csv(tmp / "summary.csv", curve_rows)
@@ -204,6 +219,14 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
         figures.noise_sweep(sweep, tmp)
         if stream_summary:
             figures.stream_bars(stream_summary, tmp)
+        if study is not None:
+            write_csv(tmp / "release_vs_queries.csv", study["queries"])
+            write_csv(tmp / "release_vs_n.csv", study["n"])
+            write_json(tmp / "release.json", {k: v for k, v in study.items() if k not in ("queries", "n")})
+            figures.release_vs_queries(study["queries"], study["bon"][n_ref], study["base"], tmp,
+                                       title=f"{release.name} (P = {release.persons}, k = {release.pairs_per_person}): "
+                                             f"release once vs per-query noise, delta {study['delta_w']:g}")
+            figures.release_vs_n(study["n"], study["bon"], study["base"], tmp)
         write_json(tmp / "settings.json", _settings_record(
             s, pool, pool_path, None, grouped.n_prompts,
             {"job": "reproduce", "evaluation": _untuned(s), "targets": list(targets), "n_ref": n_ref,
@@ -218,6 +241,22 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
         render(tmp)
         tick("report")
     return Path(out)
+
+
+def release_headline(study: dict) -> dict:
+    """The release's headline: at n_ref, per epsilon_w, the released head's mean and 5th percentile,
+    the share of BoN's lift each keeps, and per-query PrivBoN's accuracy at Q = 1,000 within the same total."""
+    n, base = study["n_ref"], study["base"]
+    lift = study["bon"][n] - base
+    out = {"n": n, "delta_w": study["delta_w"], "persons": study["head"]["persons"],
+           "pairs_per_person": study["head"]["pairs_per_person"], "name": study["head"]["name"], "at": {}}
+    for r in study["queries"]:
+        e = r["epsilon_w"]
+        row = out["at"].setdefault(str(e), {"epsilon_w": e, "mean": r["release_mean"], "p5": r["release_p5"],
+                                            "share_mean": (r["release_mean"] - base) / lift if lift > 0 else None,
+                                            "share_p5": (r["release_p5"] - base) / lift if lift > 0 else None})
+        row[f"per_query_q{r['queries']}"] = r["per_query_accuracy"]
+    return out
 
 
 LARGE_POOLS = {"counting": "counting-large-smollm2.parquet", "arithmetic-mix": "arithmetic-mix-large-smollm2.parquet"}

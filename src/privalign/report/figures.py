@@ -211,8 +211,36 @@ def release_vs_queries(rows: list[dict], bon: float, base: float, out: Path, nam
     ax.axhline(base, color="#777", lw=1, label="base policy")
     ax.set_xscale("log")
     ax.set_xlabel("queries answered within the budget (Q)")
-    ax.set_ylabel("accuracy at n = 16")
+    ax.set_ylabel(f"accuracy at n = {rows[0].get('n', 16) if rows else 16}")
     ax.set_title(title or "release once vs per-query noise (dashed: release's 5th percentile)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.grid(alpha=0.3)
+    return _save(fig, out, name)
+
+
+def release_vs_n(rows: list[dict], bon: dict, base: float, out: Path, name: str = "release_vs_n") -> list[str]:
+    """Accuracy against n on the released head, one colour per epsilon_w: BoN (solid) and soft BoN at
+    the temperature chosen on held-out prompts (dashed), means over release draws; exact BoN on the
+    unreleased head and the base policy for scale. Every point is post-processing of one release."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 3.9))
+    totals = sorted({r["epsilon_w"] for r in rows})
+    cmap = plt.get_cmap("viridis")
+    for i, e in enumerate(totals):
+        color = cmap(i / max(len(totals) - 1, 1))
+        for sel, ls in (("bon", "-"), ("soft", "--")):
+            rs = sorted((r for r in rows if r["epsilon_w"] == e and r["selector"] == sel), key=lambda r: r["n"])
+            if rs:
+                tau = f" tau {rs[0]['tau']:g}" if sel == "soft" else ""
+                ax.plot([r["n"] for r in rs], [r["mean"] for r in rs], color=color, ls=ls, marker="o", ms=2.5,
+                        label=f"{'BoN' if sel == 'bon' else 'soft BoN' + tau}, released at {e:g}")
+    ns = sorted(bon)
+    ax.plot(ns, [bon[n] for n in ns], color=COLORS["bon"], lw=1.5, label="BoN, exact head (not private)")
+    ax.axhline(base, color="#777", lw=1, label="base policy")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("n (candidates)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("released head: BoN and soft BoN against n (means over release draws)", fontsize=9)
     ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     ax.grid(alpha=0.3)
     return _save(fig, out, name)

@@ -159,6 +159,19 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
                    f"queries under zCDP against {num(z['basic_queries'])} under basic composition "
                    f"({num(z['ratio'])}x), at accuracy {num(z['zcdp_accuracy'])} over the stream: "
                    f"{verdict(z['met'])}.")
+    rel = h.get("release")
+    if rel and rel.get("at"):
+        rows = sorted(rel["at"].values(), key=lambda r: r["epsilon_w"])
+        pct = (lambda v: "-" if v is None else f"{num(100 * v)}%")
+        shares = "; ".join(f"{num(r['epsilon_w'])}: {pct(r['share_mean'])} ({pct(r['share_p5'])})" for r in rows)
+        meets = [r for r in rows if r["share_mean"] is not None and r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8]
+        out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons, k = "
+                   f"{rel['pairs_per_person']} pairs each, delta_w = {num(rel['delta_w'])}), then BoN at n = "
+                   f"{rel['n']}, with every later query free, keeps this share of BoN's lift by epsilon_w (5th "
+                   f"percentile over release draws): {shares}. Target >= 90% on average and >= 80% at the 5th "
+                   f"percentile at some epsilon_w: "
+                   + (f"{verdict(True)} from epsilon_w = {num(meets[0]['epsilon_w'])}." if meets else
+                      f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}."))
     return out
 
 
@@ -297,13 +310,25 @@ def render_reproduce(d: Path, settings: dict) -> str:
                                                         "spent, under each composition; bars: mean (min-max) over seeds.")):
         if (d / f"{fig}.png").exists():
             p.append(f"<h2>{title}</h2>" + _img(d / f"{fig}.png") + f"<p><i>{caption}</i></p>")
+    for fig, title, caption in (
+            ("release_vs_queries", "Release once, or noise every query",
+             "The certified head released once with Gaussian noise at epsilon_w (its 5th percentile over release "
+             "draws dashed), then BoN, against Gumbel PrivBoN at the largest epsilon per query that zCDP admits Q "
+             "times within the same total; test prompts."),
+            ("release_vs_n", "The released head at every n",
+             "BoN and soft BoN on the released head; the soft-BoN temperature is chosen on held-out prompts "
+             "against reward hacking and is not a privacy parameter.")):
+        if (d / f"{fig}.png").exists():
+            p.append(f"<h2>{title}</h2>" + _img(d / f"{fig}.png") + f"<p><i>{caption}</i></p>")
     if (d / "audit.json").exists():
         p.append(_audit_section(d))
     p.append("<h2>Raw tables</h2>")
     for name, title in (("summary.csv", "Accuracy versus n (test prompts)"), ("tuning.csv", "Tuning (held-out prompts)"),
                         ("privacy_utility.csv", "Privacy-utility"), ("noise_sweep.csv", "ITP versus PrivITP"),
                         ("ablation_sigma_privitp.csv", "PrivITP sigma chosen for accuracy alone"),
-                        ("stream_summary.csv", "Stream summary"), ("stream.csv", "Stream, every seed")):
+                        ("stream_summary.csv", "Stream summary"), ("stream.csv", "Stream, every seed"),
+                        ("release_vs_queries.csv", "Release once vs per-query noise"),
+                        ("release_vs_n.csv", "The released head at every n")):
         if (d / name).exists():
             p.append(_details(title, _table(read_csv(d / name))))
     p.append(_details("Settings", "<pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre>"))

@@ -134,6 +134,16 @@ def draw_release(w: np.ndarray, sigma: float, rng: np.random.Generator, draws: i
     return w + sigma * rng.standard_normal(w.size if draws is None else (int(draws), w.size))
 
 
+def study_head(model: PolicyBTReward) -> "StudyHead":
+    """What ``evaluation.release`` needs of a certified head (``check_release``'s checks on the model)."""
+    from ..evaluation.release import StudyHead
+
+    check_release(model, 1.0, 1e-12)
+    return StudyHead(model.name, tuple(float(v) for v in model.w), float(model.sensitivity),
+                     int(model.meta.get("persons", model.m // model.k)), int(model.k),
+                     tuple(float(v) for v in model.output_range), model.meta["head_id"])
+
+
 def release_head(model: PolicyBTReward, epsilon: float, delta: float,
                  rng: np.random.Generator | None = None) -> ReleasedHead:
     """Release ``model`` once at (epsilon, delta): w~ = w + N(0, sigma^2 I) (module docstring). The
@@ -166,26 +176,12 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     noise is that of a head on P' persons (``release_noise_scale``) while w stays the head's own: what
     more preference data buys through the noise alone (a head on more data is also a better head,
     which this leaves out)."""
-    from ..evaluation.laws import bon_exact
+    from ..evaluation.release import release_curves
 
     eps, dlt = check_release(model, epsilon, delta)
     sigma = release_noise_scale(model, eps, dlt, persons)
-    pid = np.asarray(prompt_ids, str)
-    y = np.asarray(correct, float)
-    phi = model.feature_map(raw)
-    z = as_generator(rng).standard_normal((model.w.size, draws))
-    scores = phi @ (model.w[:, None] + sigma * z)           # (rows, draws)
-    exact = phi @ model.w
-    groups = [np.flatnonzero(pid == p) for p in np.unique(pid)]
-    acc = np.zeros(draws)
-    bon = base = 0.0
-    for rows in groups:
-        vals = y[rows][:, None]
-        bon += bon_exact(exact[rows], vals, (n,))[0, 0]
-        base += vals.mean()
-        for j in range(draws):
-            acc[j] += bon_exact(scores[rows, j], vals, (n,))[0, 0]
-    acc, bon, base = acc / len(groups), bon / len(groups), base / len(groups)
+    r = release_curves(model.feature_map(raw), model.w, sigma, prompt_ids, correct, (n,), draws, as_generator(rng))
+    acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
     lift = bon - base
 
     def share(a):
