@@ -165,6 +165,13 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
         pct = (lambda v: "-" if v is None else f"{num(100 * v)}%")
         shares = "; ".join(f"{num(r['epsilon_w'])}: {pct(r['share_mean'])} ({pct(r['share_p5'])})" for r in rows)
         meets = [r for r in rows if r["share_mean"] is not None and r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8]
+        if all(r["share_mean"] is None for r in rows):  # BoN has no lift on the test prompts to keep a share of
+            out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons): BoN with the "
+                       f"exact head has no lift at n = {rel['n']} on the test prompts, so the share a release keeps "
+                       f"is not defined; released then BoN, by epsilon_w: "
+                       + "; ".join(f"{num(r['epsilon_w'])}: {num(r['mean'])} ({num(r['p5'])})" for r in rows)
+                       + f". Target >= 90% of the lift: {verdict(False)}.")
+            return out
         out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons, k = "
                    f"{rel['pairs_per_person']} pairs each, delta_w = {num(rel['delta_w'])}), then BoN at n = "
                    f"{rel['n']}, with every later query free, keeps this share of BoN's lift by epsilon_w (5th "
