@@ -249,7 +249,8 @@ def release_headline(study: dict) -> dict:
     n, base = study["n_ref"], study["base"]
     lift = study["bon"][n] - base
     out = {"n": n, "delta_w": study["delta_w"], "persons": study["head"]["persons"],
-           "pairs_per_person": study["head"]["pairs_per_person"], "name": study["head"]["name"], "at": {}}
+           "pairs_per_person": study["head"]["pairs_per_person"], "name": study["head"]["name"],
+           "bon": study["bon"][n], "base": base, "at": {}}
     for r in study["queries"]:
         e = r["epsilon_w"]
         row = out["at"].setdefault(str(e), {"epsilon_w": e, "mean": r["release_mean"], "p5": r["release_p5"],

@@ -167,7 +167,8 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
         meets = [r for r in rows if r["share_mean"] is not None and r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8]
         if all(r["share_mean"] is None for r in rows):  # BoN has no lift on the test prompts to keep a share of
             out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons): BoN with the "
-                       f"exact head has no lift at n = {rel['n']} on the test prompts, so the share a release keeps "
+                       f"exact head has no lift at n = {rel['n']} on the test prompts ({num(rel.get('bon', math.nan))} against "
+                       f"the base policy's {num(rel.get('base', math.nan))}), so the share a release keeps "
                        f"is not defined; released then BoN, by epsilon_w: "
                        + "; ".join(f"{num(r['epsilon_w'])}: {num(r['mean'])} ({num(r['p5'])})" for r in rows)
                        + f". Target >= 90% of the lift: {verdict(False)}.")
