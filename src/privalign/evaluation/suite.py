@@ -26,10 +26,10 @@ from ..report.results import SUMMARY_COLUMNS, atomic_directory, write_csv, write
 from . import experiments as X
 from .harness import METRICS, EvalResult, EvalSettings
 from ..metrics import within_prompt_auc
+from .parallel import evaluate
 
 if TYPE_CHECKING:
     from .release import StudyHead
-from .parallel import evaluate
 
 Progress = Callable[[str, int, int], None]
 
@@ -245,7 +245,8 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
 
 def release_headline(study: dict) -> dict:
     """The release's headline: at n_ref, per epsilon_w, the released head's mean and 5th percentile,
-    the share of BoN's lift each keeps, and per-query PrivBoN's accuracy at Q = 1,000 within the same total."""
+    the share of BoN's lift each keeps, and per-query PrivBoN's accuracy within the same total at each Q
+    (``per_query_q<Q>``)."""
     n, base = study["n_ref"], study["base"]
     lift = study["bon"][n] - base
     out = {"n": n, "delta_w": study["delta_w"], "persons": study["head"]["persons"],
