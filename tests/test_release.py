@@ -81,6 +81,63 @@ def test_an_older_procedure_is_refused(trained):
         release_head(legacy, 1.0, 1e-9)
 
 
+def test_bon_law_over_many_score_vectors_is_the_exact_law_of_each_ties_included():
+    from privalign.evaluation.laws import bon_exact, bon_exact_columns
+
+    rng = np.random.default_rng(0)
+    for s in (1, 2, 7, 32):
+        x = rng.integers(0, 3, (s, 6)).astype(float)  # many ties
+        x[:, 0] = rng.standard_normal(s)
+        v = rng.random(s)
+        want = np.stack([bon_exact(x[:, d], v[:, None], (1, 4, 16))[:, 0] for d in range(6)], axis=1)
+        assert np.allclose(bon_exact_columns(x, v, (1, 4, 16)), want, rtol=0, atol=1e-12)
+    assert np.allclose(bon_exact_columns(np.zeros((5, 2)), np.arange(5.0), (3,)), 2.0)  # all tied: the mean
+
+
+# the release objective (issue 28, item 1): (q, c, L, lambda) chosen for the released head, never on D
+RELEASE_KW = dict(objective="release", release_epsilon=1.0, lambdas=(1.0, 10.0), components=(2, 8), cs=(0.6, 0.95),
+                  lp_clips=(1.0, 4.0), seed=0, range_epsilon=0.0, pairs_per_person=4)
+
+
+def test_the_release_objective_chooses_for_the_released_head_on_validation_prompts_only():
+    from privalign.rewards.policy_bt import model_procedure, retrain, split_train_prompts, train_procedure
+    from privalign.rewards.release import release_accuracy
+
+    pid, y, raw = synthetic_pool(prompts=120)
+    tuned, grid = train_policy_bt(raw, pid, y, **RELEASE_KW)
+    assert len(grid) == 16 and all("selection_release_p5" in r for r in grid)
+    best = max(grid, key=lambda r: (r["selection_release_p5"], r["selection_release_mean"]))
+    assert (tuned.meta["components"], tuned.meta["c"], tuned.meta["lp_clip"], tuned.lam) == (
+        best["components"], best["c"], best["lp_clip"], best["lambda"])
+    assert tuned.feature_map.lp_clip == best["lp_clip"] and model_procedure(tuned)["objective"] == "release"
+    assert np.allclose(retrain(tuned, raw, pid, y).w, tuned.w)  # the recorded procedure reruns it
+    # D's labels all flipped: the grid and the choice are the same (the choice never reads D)
+    fit_p, _ = split_train_prompts(pid, 0.6, 0)
+    flipped = train_procedure(raw, pid, np.where(np.isin(pid, list(fit_p)), 1 - y, y),
+                              **{k: v for k, v in RELEASE_KW.items() if k != "range_epsilon"})
+    assert flipped.grid == grid and flipped.settings == (tuned.meta["components"], tuned.meta["c"], tuned.lam)
+    # on prompts neither saw, the released head keeps more than the default procedure's (PrivBoN-tuned)
+    plain, _ = train_policy_bt(raw, pid, y, seed=0, range_epsilon=0.0, pairs_per_person=4)
+    tp, ty, traw = synthetic_pool(prompts=100, seed=7)
+    r_tuned, r_plain = (release_accuracy(m, traw, tp, ty, 1.0, 1e-6, draws=40, rng=np.random.default_rng(0))
+                        for m in (tuned, plain))
+    assert r_tuned["mean"] > r_plain["mean"] + 0.02, (r_tuned["mean"], r_plain["mean"])
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"objective": "bon"}, "objective must be one of"),
+    ({"objective": "release"}, "needs a positive, finite release_epsilon, got None"),
+    ({"objective": "release", "release_epsilon": math.nan}, "release_epsilon, got nan"),
+    ({"objective": "release", "release_epsilon": 1.0, "release_delta": 0.2}, r"release_delta must lie in \(0, 1/P\)"),
+    ({"objective": "release", "release_epsilon": 1.0, "unit": "pair", "pairs_per_person": 1}, "needs unit 'person'"),
+    ({"lp_clips": (0.0,)}, "lp_clips must be positive"),
+])
+def test_bad_release_objective_settings_are_named(settings, message):
+    pid, y, raw = synthetic_pool()
+    with pytest.raises(ValueError, match=message):
+        train_policy_bt(raw, pid, y, range_epsilon=0.0, **settings)
+
+
 def _train_pool(tmp_path):
     pid, y, raw = synthetic_pool()
     path = tmp_path / "train.parquet"
@@ -120,6 +177,26 @@ def test_cli_release_and_train_with_release(tmp_path):
     res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), "--delta", "1e-6",
                               "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "--epsilon" in res.output
+
+
+def test_cli_train_with_the_release_objective(tmp_path):
+    runner = CliRunner()
+    pool = _train_pool(tmp_path)
+    base = ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--pool", str(pool), "--lam", "1,10",
+            "--components", "2", "--cs", "0.6,0.95", "--lp-clips", "1", "--pairs-per-person", "4"]
+    for args, message in [(["--objective", "release"], "--objective release needs --release-epsilon"),
+                          (["--objective", "bon"], "--objective must be 'privbon' or 'release', got 'bon'"),
+                          (["--cs", "a"], "--cs must be a comma list of numbers, got 'a'")]:
+        res = runner.invoke(app, [*base, *args, "--out", str(tmp_path / "x.json")])
+        assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+        assert not list(tmp_path.glob("x*.json"))
+    res = runner.invoke(app, [*base, "--objective", "release", "--release-epsilon", "1", "--out",
+                              str(tmp_path / "rm.json")])
+    assert res.exit_code == 0, res.output
+    assert "release eps_w=1" in res.output and "L = 1" in " ".join(res.output.split())
+    model = PolicyBTReward.load(tmp_path / "rm.json")
+    assert model.meta["procedure"]["objective"] == "release" and model.meta["lp_clip"] == 1.0
+    assert ReleasedHead.load(tmp_path / "rm.released.json").epsilon == 1.0
 
 
 # ---------------------------------------------------------------------------------- serving

@@ -595,7 +595,17 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
              limit: Optional[int] = typer.Option(None, help="minilm: first N training problems (one pair each)"),
              lam: Optional[str] = typer.Option(None, help="L2 regularisation lambda (policy: a comma list to choose "
                                                           "from on validation prompts)"),
-             components: str = typer.Option("8,16", help="policy: PCA sizes q to choose from"),
+             components: Optional[str] = typer.Option(None, help="policy: PCA sizes q to choose from (default 8,16; "
+                                                                  "--objective release: 2,4,8,16)"),
+             cs: Optional[str] = typer.Option(None, help="policy: weights c of the log-probability coordinate to "
+                                                         "choose from (default 0.6,0.8,0.95; release: up to 0.99)"),
+             lp_clips: Optional[str] = typer.Option(None, help="policy: log-probability clips L to choose from "
+                                                               "(default 4; release: 1,2,4)"),
+             objective: str = typer.Option("privbon", help="policy: what the choice of (q, c, L, lambda) maximises "
+                                                           "on validation prompts: privbon (PrivBoN at "
+                                                           "--target-epsilon per query) or release (BoN with the "
+                                                           "head released at --release-epsilon, mean and 5th "
+                                                           "percentile over draws)"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
              pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
                                                                        "(policy: a person is a train prompt's grader, "
@@ -617,11 +627,18 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     _out_file(out, "model")
     _out_file(private_path(out), "model")
     if features == "policy":
+        if objective not in ("privbon", "release"):
+            _fail(f"--objective must be 'privbon' or 'release', got {objective!r}")
+        if objective == "release" and release_epsilon is None:
+            _fail("--objective release needs --release-epsilon: the epsilon_w the choice is made for")
         if release_epsilon is not None:
             _check_release_args(release_epsilon, release_delta)
             _out_file(released_path(out), "model")
-        model = _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person or 16,
-                                 target_epsilon, range_epsilon, seed, name or "policy-bt", out, max_persons)
+        grid = {"lambdas": lam, "components": components, "cs": cs, "lp_clips": lp_clips}
+        model = _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person or 16, target_epsilon,
+                                 range_epsilon, seed, name or "policy-bt", out, max_persons,
+                                 {"objective": objective, "release_epsilon": release_epsilon,
+                                  "release_delta": release_delta} if objective == "release" else {})
         if release_epsilon is not None:
             _release(model, release_epsilon, release_delta, released_path(out))
         return
@@ -665,31 +682,47 @@ def _train_pool(pool: Optional[Path]):
     return p, raw
 
 
-def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
-                     seed, name, out, max_persons=None):
+def _grid_values(name: str, text: Optional[str], kind=float):
+    if text is None:
+        return None
+    try:
+        values = tuple(kind(v) for v in text.split(","))
+    except ValueError:
+        _fail(f"--{name} must be a comma list of numbers, got {text!r}")
+    return values
+
+
+def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
+                     seed, name, out, max_persons=None, objective=None):
     from rich.table import Table
 
     from .rewards.policy_bt import train_policy_bt
 
     p, raw = _train_pool(pool)
+    settings = {"lambdas": _grid_values("lam", grid["lambdas"]), "cs": _grid_values("cs", grid["cs"]),
+                "components": _grid_values("components", grid["components"], int),
+                "lp_clips": _grid_values("lp-clips", grid["lp_clips"])}
     try:
-        lambdas = tuple(float(v) for v in lam.split(",")) if lam else (0.01, 0.03, 0.1, 0.3, 1.0)
         model, grid = train_policy_bt(raw, p.columns["prompt_id"], p.columns["true_reward"], task=task,
-                                      lambdas=lambdas, components=parse_int_list(components),
                                       pairs_per_prompt=pairs_per_prompt, pairs_per_person=pairs_per_person,
                                       target_epsilon=target_epsilon, range_epsilon=range_epsilon, seed=seed,
-                                      name=name, max_persons=max_persons)
+                                      name=name, max_persons=max_persons,
+                                      **{key: v for key, v in settings.items() if v is not None}, **(objective or {}))
     except ValueError as e:
         _fail(str(e))
     meta, lo_hi = model.meta, model.output_range
-    table = Table(title=f"(q, c, lambda): heads trained on {meta['selection_fit_prompts']} and scored on "
+    release = bool(objective)
+    table = Table(title=f"(q, c, L, lambda): heads trained on {meta['selection_fit_prompts']} and scored on "
                         f"{meta['selection_score_prompts']} validation prompts (never D, never test)")
-    for col in ("q", "c", "lambda", "Delta_r", "AUC", f"PrivBoN eps={target_epsilon:g} (n=16)", "BoN (n=16)"):
+    score = (f"release eps_w={objective['release_epsilon']:g}: mean, p5 (n=16)" if release
+             else f"PrivBoN eps={target_epsilon:g} (n=16)")
+    for col in ("q", "c", "L", "lambda", "Delta_r", "AUC", score, "BoN (n=16)"):
         table.add_column(col, justify="right")
     for r in grid:
-        table.add_row(str(r["components"]), f"{r['c']:g}", f"{r['lambda']:g}", f"{r['sensitivity']:.3g}",
-                      f"{r['selection_auc']:.3f}", f"{r['selection_privbon_accuracy']:.3f}",
-                      f"{r['selection_bon_accuracy']:.3f}")
+        table.add_row(str(r["components"]), f"{r['c']:g}", f"{r['lp_clip']:g}", f"{r['lambda']:g}",
+                      f"{r['sensitivity']:.3g}", f"{r['selection_auc']:.3f}",
+                      f"{r['selection_release_mean']:.3f}, {r['selection_release_p5']:.3f}" if release
+                      else f"{r['selection_privbon_accuracy']:.3f}", f"{r['selection_bon_accuracy']:.3f}")
     console.print(table)
     model.save(out)
     private = model.save_private(private_path(out))
@@ -697,7 +730,7 @@ def _rm_train_policy(task, pool, lam, components, pairs_per_prompt, pairs_per_pe
         f"wrote {out}: P = {meta['persons']} persons (one per fit prompt) of at most k = {model.k} pairs each "
         f"({model.private['pairs']} pairs kept, {model.private['pairs_dropped_beyond_k']} beyond k dropped), "
         f"m = P k = {model.m}, "
-        f"q = {meta['components']}, c = {meta['c']:g}, lambda = {model.lam:g}"
+        f"q = {meta['components']}, c = {meta['c']:g}, L = {meta['lp_clip']:g}, lambda = {model.lam:g}"
         f"{' (on the edge of its grid: ' + ', '.join(meta['on_grid_edge']) + ')' if meta['on_grid_edge'] else ''}, "
         f"chosen without reading D; certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
         f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"

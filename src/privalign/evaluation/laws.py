@@ -197,3 +197,30 @@ def bon_exact(x: np.ndarray, values: np.ndarray, n_grid, replace: bool = True) -
         p = np.diff(np.r_[0.0, cdf])
         out[j] = p @ group_mean
     return out
+
+
+def bon_exact_columns(x: np.ndarray, values: np.ndarray, n_grid) -> np.ndarray:
+    """``bon_exact`` with replacement for D score vectors at once: x has shape (S, D) (one column per
+    score vector of the same S samples), ``values`` shape (S,); returns (len(n_grid), D).
+
+    Per column, sample i with c_lt(i) scores below its own and c_le(i) at or below it is BoN's choice
+    with probability ((c_le / S)^n - (c_lt / S)^n) / (c_le - c_lt): its tie group's mass, shared
+    uniformly. Sorting each column once gives both counts (the first and last sorted position of
+    each tie group)."""
+    x = np.asarray(x, float)
+    S = x.shape[0]
+    order = np.argsort(x, axis=0, kind="stable")
+    xs = np.take_along_axis(x, order, axis=0)
+    ys = np.asarray(values, float)[order]
+    pos = np.arange(S)[:, None]
+    differs = xs[1:] != xs[:-1]
+    starts = np.concatenate([np.ones((1, x.shape[1]), bool), differs])
+    ends = np.concatenate([differs, np.ones((1, x.shape[1]), bool)])
+    c_lt = np.maximum.accumulate(np.where(starts, pos, -1), axis=0).astype(float)
+    c_le = np.minimum.accumulate(np.where(ends, pos, S)[::-1], axis=0)[::-1] + 1.0
+    out = np.empty((len(tuple(n_grid)), x.shape[1]))
+    for j, n in enumerate(n_grid):
+        p = (np.exp(n * (np.log(c_le) - math.log(S))) - np.where(c_lt > 0, np.exp(
+            n * (np.log(np.maximum(c_lt, 1.0)) - math.log(S))), 0.0)) / (c_le - c_lt)
+        out[j] = (p * ys).sum(axis=0)
+    return out

@@ -25,7 +25,7 @@ import numpy as np
 from ..accounting import gaussian_mechanism_noise_scale, planner
 from ..metrics import softmax_rows
 from ..pools import Pool
-from .laws import bon_exact
+from .laws import bon_exact, bon_exact_columns
 
 RELEASE_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 RELEASE_QUERIES = (10, 100, 1_000, 10_000)
@@ -73,12 +73,15 @@ def _grid(prompt_ids) -> list[np.ndarray]:
 
 
 def selection_curves(scores: np.ndarray, groups: list[np.ndarray], y: np.ndarray, n_grid, taus=(),
-                     output_range=(0.0, 1.0), rng: np.random.Generator | None = None, sets: int = 8) -> dict:
-    """{(selector, n): accuracy averaged over prompts} for one score vector: selector "bon" (exact) and
-    ("soft", tau) for each tau (module docstring)."""
+                     output_range=(0.0, 1.0), rng: np.random.Generator | None = None, sets: int = 8,
+                     bon: bool = True) -> dict:
+    """{(selector, n): accuracy averaged over prompts} for one score vector: selector "bon" (exact;
+    left out with ``bon=False``) and ("soft", tau) for each tau (module docstring)."""
     n_grid = tuple(n_grid)
-    bon = np.mean([bon_exact(scores[r], y[r][:, None], n_grid)[:, 0] for r in groups], axis=0)
-    out = {("bon", n): float(bon[j]) for j, n in enumerate(n_grid)}
+    out = {}
+    if bon:
+        acc = np.mean([bon_exact(scores[r], y[r][:, None], n_grid)[:, 0] for r in groups], axis=0)
+        out = {("bon", n): float(acc[j]) for j, n in enumerate(n_grid)}
     if taus:
         lo, hi = output_range
         sizes = {r.size for r in groups}
@@ -105,9 +108,12 @@ def release_curves(phi: np.ndarray, w, sigma: float, prompt_ids, correct, n_grid
     z = rng.standard_normal((w.size, draws))
     scores = phi @ (w[:, None] + sigma * z)
     exact = selection_curves(phi @ w, groups, y, n_grid, taus, output_range, rng, sets)
-    per = [selection_curves(scores[:, j], groups, y, n_grid, taus, output_range, rng, sets) for j in range(draws)]
-    return {"exact": exact, "draws": {k: np.array([d[k] for d in per]) for k in exact},
-            "base": float(np.mean([y[r].mean() for r in groups]))}
+    per = [selection_curves(scores[:, j], groups, y, n_grid, taus, output_range, rng, sets, bon=False)
+           for j in range(draws)] if taus else []
+    bon = np.mean([bon_exact_columns(scores[r], y[r], n_grid) for r in groups], axis=0)  # (n, draws)
+    out = {("bon", n): bon[j] for j, n in enumerate(n_grid)}
+    out.update({k: np.array([d[k] for d in per]) for k in exact if k[0] != "bon"})
+    return {"exact": exact, "draws": out, "base": float(np.mean([y[r].mean() for r in groups]))}
 
 
 def _head_features(pool: Pool, head: StudyHead) -> np.ndarray:

@@ -242,9 +242,15 @@ def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, 
 
 
 PROCEDURE_DEFAULTS = {"lambdas": (0.01, 0.03, 0.1, 0.3, 1.0), "components": (8, 16), "cs": (0.6, 0.8, 0.95),
-                      "pairs_per_prompt": 16, "pairs_per_person": 16, "fit_fraction": 0.6, "select_fraction": 0.5,
-                      "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0, "max_pairs": None,
-                      "unit": "person", "max_persons": None}
+                      "lp_clips": (4.0,), "pairs_per_prompt": 16, "pairs_per_person": 16, "fit_fraction": 0.6,
+                      "select_fraction": 0.5, "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0,
+                      "max_pairs": None, "unit": "person", "max_persons": None, "objective": "privbon",
+                      "release_epsilon": None, "release_delta": 1e-6, "release_draws": 50}
+OBJECTIVES = ("privbon", "release")
+# objective "release": the grid's defaults widen towards what the release's noise rewards (fewer
+# dimensions, more weight and spread on the log-probability, a larger lambda: a smaller Delta_r)
+RELEASE_GRID = {"lambdas": (0.1, 0.3, 1.0, 3.0, 10.0), "components": (2, 4, 8, 16), "cs": (0.6, 0.8, 0.95, 0.99),
+                "lp_clips": (1.0, 2.0, 4.0)}
 UNITS = ("person", "pair")
 PERSON = ("the person who wrote and graded one train prompt's answers: every preference pair built from that "
           "prompt's graded samples is theirs")
@@ -326,13 +332,31 @@ def _check_procedure(proc: dict) -> dict:
     unknown = set(proc) - set(PROCEDURE_DEFAULTS)
     if unknown:
         raise ValueError(f"unknown training settings {sorted(unknown)}; known: {sorted(PROCEDURE_DEFAULTS)}")
-    proc = {**PROCEDURE_DEFAULTS, **proc}
-    for key in ("lambdas", "components", "cs"):
+    objective = proc.get("objective", PROCEDURE_DEFAULTS["objective"])
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    grid = {key: v for key, v in proc.items() if key in RELEASE_GRID and v is not None}
+    proc = {**PROCEDURE_DEFAULTS, **(RELEASE_GRID if objective == "release" else {}),
+            **{key: v for key, v in proc.items() if key not in RELEASE_GRID}, **grid}
+    for key in ("lambdas", "components", "cs", "lp_clips"):
         proc[key] = tuple(proc[key])
         if not proc[key]:
             raise ValueError(f"{key} must name at least one value, got {proc[key]!r}")
     if min(proc["lambdas"]) <= 0:
         raise ValueError(f"lambdas must be positive, got {proc['lambdas']!r}")
+    if min(proc["lp_clips"]) <= 0:
+        raise ValueError(f"lp_clips must be positive, got {proc['lp_clips']!r}")
+    if objective == "release":
+        eps, dlt = proc["release_epsilon"], proc["release_delta"]
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"objective 'release' needs a positive, finite release_epsilon, got {eps!r}")
+        if not (isinstance(dlt, (int, float)) and 0 < dlt < 1):
+            raise ValueError(f"release_delta must lie in (0, 1), got {dlt!r}")
+        if not (isinstance(proc["release_draws"], int) and proc["release_draws"] >= 1):
+            raise ValueError(f"release_draws must be an integer >= 1, got {proc['release_draws']!r}")
+        if proc["unit"] != "person":
+            raise ValueError(f"objective 'release' needs unit 'person' (a release bounds one person), got "
+                             f"{proc['unit']!r}")
     if proc["pairs_per_person"] < 1:
         raise ValueError(f"pairs_per_person must be >= 1, got {proc['pairs_per_person']!r}")
     if proc["max_pairs"] is not None and proc["max_pairs"] < 1:
@@ -344,6 +368,25 @@ def _check_procedure(proc: dict) -> dict:
     if proc["max_persons"] is not None and (proc["unit"] != "person" or proc["max_persons"] < 1):
         raise ValueError(f"max_persons must be >= 1 (unit 'person') or None, got {proc['max_persons']!r}")
     return proc
+
+
+RELEASE_SCORES = ("selection_release_mean", "selection_release_p5")
+
+
+def _release_score(phi: np.ndarray, w: np.ndarray, sensitivity: float, correct, prompt_ids, proc: dict) -> dict:
+    """A candidate head as its release would be: BoN at n = ``n_select`` with w + sigma Z over
+    ``release_draws`` seeded draws Z (the same draws for every candidate of a dimension), sigma the
+    analytic Gaussian scale at the *final* head's Delta_r and (release_epsilon, release_delta).
+    Returns the draws' mean accuracy and their 5th percentile: the choice maximises the 5th
+    percentile, the lower tail a deployment lives with (it draws the noise once)."""
+    from ..accounting import gaussian_mechanism_noise_scale
+    from ..evaluation.release import release_curves
+
+    sigma = gaussian_mechanism_noise_scale(proc["release_epsilon"], sensitivity, proc["release_delta"])
+    r = release_curves(phi, w, sigma, prompt_ids, correct, (proc["n_select"],), proc["release_draws"],
+                       np.random.default_rng([proc["seed"], 5]))
+    acc = r["draws"][("bon", proc["n_select"])]
+    return dict(zip(RELEASE_SCORES, (float(acc.mean()), float(np.percentile(acc, 5)))))
 
 
 def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings) -> Trained:
@@ -381,29 +424,44 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
                          "an incorrect sample (more train prompts, or a larger select_fraction)")
     m, g_tol = data.m, proc["g_tol"]
     k = proc["pairs_per_person"]
+    release = proc["objective"] == "release"
+    if release and not proc["release_delta"] < 1 / data.persons:
+        raise ValueError(f"release_delta must lie in (0, 1/P) = (0, {1 / data.persons:.3g}) for P = {data.persons} "
+                         f"persons, got {proc['release_delta']!r}")
+    if release:  # candidates mimic the final head: k pairs per person, the loss normalised by P_sel k
+        keep = bound_per_person(pid[si], k, proc["seed"])
+        si, sr = si[keep], sr[keep]
+        sel_norm = len(sel_fit) * k
     is_val = np.isin(pid, list(val_p))
     is_sc = np.isin(pid, list(sel_score))
+    def rank(row):  # release: the 5th percentile, then the mean; else PrivBoN at target_epsilon
+        return (row["selection_release_p5"], row["selection_release_mean"]) if release else \
+            (row["selection_privbon_accuracy"],)
+
     grid, best = [], None
     for q in proc["components"]:
         for c in proc["cs"]:
-            fmap = FeatureMap.fit(raw[is_val], q=q, c=c)
-            d_sel = fmap(raw[si]) - fmap(raw[sr])
-            phi_sc = fmap(raw[is_sc])
-            for lam in proc["lambdas"]:
-                w, _ = fit_bt(d_sel, lam, g_tol)
-                s = phi_sc @ w
-                sens = certified_sensitivity(m, lam, k, g_tol)
-                row = {"components": q, "c": c, "lambda": lam, "sensitivity": sens,
-                       "range_width": 2 * bt_output_range(lam, g_tol)[1],
-                       "selection_auc": within_prompt_auc(s, y[is_sc], pid[is_sc]),
-                       "selection_privbon_accuracy": softmax_selection_accuracy(
-                           s, y[is_sc], pid[is_sc], 2 * sens / proc["target_epsilon"], proc["n_select"],
-                           seed=proc["seed"]),
-                       "selection_bon_accuracy": softmax_selection_accuracy(s, y[is_sc], pid[is_sc], 1e-9,
-                                                                            proc["n_select"], seed=proc["seed"])}
-                grid.append(row)
-                if best is None or row["selection_privbon_accuracy"] > best[0]["selection_privbon_accuracy"]:
-                    best = (row, fmap)
+            for lp_clip in proc["lp_clips"]:
+                fmap = FeatureMap.fit(raw[is_val], q=q, c=c, lp_clip=lp_clip)
+                d_sel = fmap(raw[si]) - fmap(raw[sr])
+                phi_sc = fmap(raw[is_sc])
+                for lam in proc["lambdas"]:
+                    w, _ = fit_bt(d_sel, lam, g_tol, normalizer=sel_norm if release else None)
+                    s = phi_sc @ w
+                    sens = certified_sensitivity(m, lam, k, g_tol)
+                    row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "sensitivity": sens,
+                           "range_width": 2 * bt_output_range(lam, g_tol)[1],
+                           "selection_auc": within_prompt_auc(s, y[is_sc], pid[is_sc]),
+                           "selection_privbon_accuracy": softmax_selection_accuracy(
+                               s, y[is_sc], pid[is_sc], 2 * sens / proc["target_epsilon"], proc["n_select"],
+                               seed=proc["seed"]),
+                           "selection_bon_accuracy": softmax_selection_accuracy(
+                               s, y[is_sc], pid[is_sc], 1e-9, proc["n_select"], seed=proc["seed"])}
+                    if release:
+                        row.update(_release_score(phi_sc, w, sens, y[is_sc], pid[is_sc], proc))
+                    grid.append(row)
+                    if best is None or rank(row) > rank(best[0]):
+                        best = (row, fmap)
     row, fmap = best
     # the final head: D, once, with the settings chosen above
     phi = fmap(raw)
@@ -415,13 +473,14 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
             raise ValueError(f"edit must return between 1 and m = {m} pairs of dimension {fmap.dim} (D has "
                              f"{n_pairs}), got shape {d.shape}")
     w, g = fit_bt(d, row["lambda"], g_tol, normalizer=m)
-    grids = {"q": proc["components"], "c": proc["cs"], "lambda": proc["lambdas"]}
-    chosen = {"q": row["components"], "c": row["c"], "lambda": row["lambda"]}
+    grids = {"q": proc["components"], "c": proc["cs"], "lp_clip": proc["lp_clips"], "lambda": proc["lambdas"]}
+    chosen = {"q": row["components"], "c": row["c"], "lp_clip": row["lp_clip"], "lambda": row["lambda"]}
     public = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p), "selection_fit_prompts": len(sel_fit),
               "selection_score_prompts": len(sel_score), "selection_pairs": int(si.size),
-              "components": row["components"], "c": row["c"],
+              "components": row["components"], "c": row["c"], "lp_clip": row["lp_clip"],
               "selection_auc": row["selection_auc"], "selection_privbon_accuracy": row["selection_privbon_accuracy"],
               "selection_bon_accuracy": row["selection_bon_accuracy"],
+              **({name: row[name] for name in RELEASE_SCORES} if release else {}),
               "selection_logprob_auc": within_prompt_auc(raw[is_sc, -1], y[is_sc], pid[is_sc]),
               "selection_base_accuracy": float(y[is_sc].mean()),
               "on_grid_edge": [n for n, v in chosen.items() if len(grids[n]) > 1 and v in (min(grids[n]), max(grids[n]))],
