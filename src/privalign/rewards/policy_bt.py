@@ -401,6 +401,10 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
        selection-score prompts by the accuracy of Gumbel PrivBoN at ``target_epsilon`` and n =
        ``n_select``, its noise set by the Delta_r the *final* head will have (4k/(m lambda) +
        2 g_tol/lambda, with m = |D|, which replacement adjacency keeps fixed). The best is kept.
+       With ``objective="release"`` the grid is ``RELEASE_GRID`` (log-probability clips L too),
+       candidates are trained like the final head (k pairs per person, loss normalised by P_sel k)
+       and scored by BoN with the head released at (release_epsilon, release_delta): the 5th
+       percentile over ``release_draws`` draws, then the mean (``_release_score``).
        None of this reads D, so the choice (q, c, lambda) and the feature map are the same for every
        D' ~ D: they are fixed, data-independent settings from D's point of view.
     3. The one final head is trained on D with those settings (``fit_bt``), so the certificate
