@@ -61,7 +61,10 @@ def main() -> None:
     shipped = PolicyBTReward.load(DATA / f"{a.task}-policy-bt-person.json")
     print(f"default procedure reproduces the shipped head: {np.allclose(default.w, shipped.w, atol=1e-6)}")
     ref = release_accuracy(default, traw, tp, ty, 1.0, a.delta, draws=1, rng=np.random.default_rng(0))
-    lift = ref["bon"] - ref["base"]
+    lift = ref["bon"] - ref["base"]  # the shipped head's lift: no share of it when it is not positive
+
+    def pct(v):
+        return "n/a" if v is None else f"{v:.0%}"
     rows = []
     print("| epsilon_w | head | (q, c, L, lambda) | Delta_r | BoN exact | released: mean | p5 | share of own lift "
           "(mean, p5) | share of shipped head's lift (mean, p5) | train s |")
@@ -76,13 +79,14 @@ def main() -> None:
                    "settings": [m.meta["components"], m.meta["c"], m.feature_map.lp_clip, m.lam],
                    "sensitivity": m.sensitivity, "bon": r["bon"], "base": r["base"], "mean": r["mean"], "p5": r["p5"],
                    "share_mean": r["share_mean"], "share_p5": r["share_p5"],
-                   "shipped_share_mean": (r["mean"] - r["base"]) / lift, "shipped_share_p5": (r["p5"] - r["base"]) / lift,
+                   "shipped_share_mean": (r["mean"] - r["base"]) / lift if lift > 0 else None,
+                   "shipped_share_p5": (r["p5"] - r["base"]) / lift if lift > 0 else None,
                    "train_seconds": seconds if name != "default" else None}
             rows.append(row)
             q, c, L, lam = row["settings"]
             print(f"| {eps:g} | {name} | ({q}, {c:g}, {L:g}, {lam:g}) | {m.sensitivity:.3g} | {r['bon']:.3f} | "
-                  f"{r['mean']:.3f} | {r['p5']:.3f} | {r['share_mean']:.0%}, {r['share_p5']:.0%} | "
-                  f"{row['shipped_share_mean']:.0%}, {row['shipped_share_p5']:.0%} | "
+                  f"{r['mean']:.3f} | {r['p5']:.3f} | {pct(r['share_mean'])}, {pct(r['share_p5'])} | "
+                  f"{pct(row['shipped_share_mean'])}, {pct(row['shipped_share_p5'])} | "
                   f"{'' if row['train_seconds'] is None else f'{seconds:.0f}'} |", flush=True)
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
