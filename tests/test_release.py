@@ -115,7 +115,8 @@ def test_the_release_objective_chooses_for_the_released_head_on_validation_promp
     fit_p, _ = split_train_prompts(pid, 0.6, 0)
     flipped = train_procedure(raw, pid, np.where(np.isin(pid, list(fit_p)), 1 - y, y),
                               **{k: v for k, v in RELEASE_KW.items() if k != "range_epsilon"})
-    assert flipped.grid == grid and flipped.settings == (tuned.meta["components"], tuned.meta["c"], tuned.lam)
+    assert flipped.grid == grid and flipped.settings == (tuned.meta["components"], tuned.meta["c"],
+                                                                tuned.meta["lp_clip"], tuned.lam)
     # on prompts neither saw, the released head keeps more than the default procedure's (PrivBoN-tuned)
     plain, _ = train_policy_bt(raw, pid, y, seed=0, range_epsilon=0.0, pairs_per_person=4)
     tp, ty, traw = synthetic_pool(prompts=100, seed=7)

@@ -682,14 +682,13 @@ def _train_pool(pool: Optional[Path]):
     return p, raw
 
 
-def _grid_values(name: str, text: Optional[str], kind=float):
+def _grid_values(name: str, text: Optional[str], parse=parse_float_list):
     if text is None:
         return None
     try:
-        values = tuple(kind(v) for v in text.split(","))
-    except ValueError:
+        return tuple(parse(text))
+    except typer.BadParameter:
         _fail(f"--{name} must be a comma list of numbers, got {text!r}")
-    return values
 
 
 def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, target_epsilon, range_epsilon,
@@ -700,7 +699,7 @@ def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, targe
 
     p, raw = _train_pool(pool)
     settings = {"lambdas": _grid_values("lam", grid["lambdas"]), "cs": _grid_values("cs", grid["cs"]),
-                "components": _grid_values("components", grid["components"], int),
+                "components": _grid_values("components", grid["components"], parse_int_list),
                 "lp_clips": _grid_values("lp-clips", grid["lp_clips"])}
     try:
         model, grid = train_policy_bt(raw, p.columns["prompt_id"], p.columns["true_reward"], task=task,

@@ -324,8 +324,9 @@ class Trained:
     data: PreferenceData | None = None
 
     @property
-    def settings(self) -> tuple[int, float, float]:
-        return self.components, self.c, self.lam
+    def settings(self) -> tuple[int, float, float, float]:
+        """(q, c, L, lambda): everything the procedure chose."""
+        return self.components, self.c, self.feature_map.lp_clip, self.lam
 
 
 def _check_procedure(proc: dict) -> dict:
@@ -538,7 +539,8 @@ def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=No
     """Rerun the model's whole training procedure (selection included) on its train pool, D edited by
     ``edit``; refuses a pool that does not reproduce the model's settings and D."""
     t = train_procedure(raw, prompt_ids, correct, edit=edit, **model_procedure(model))
-    if t.m != model.m or (edit is None and (t.settings != (model.meta["components"], model.meta["c"], model.lam)
+    chosen = (model.meta["components"], model.meta["c"], model.feature_map.lp_clip, model.lam)
+    if t.m != model.m or (edit is None and (t.settings != chosen
                                             or not np.allclose(t.w, model.w, rtol=0, atol=1e-6))):
         raise ValueError(f"the train pool does not reproduce the model (m = {t.m} against {model.m}, settings "
                          f"{t.settings}): pass the pool it was trained on")
