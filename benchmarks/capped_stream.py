@@ -19,7 +19,8 @@ import numpy as np
 
 from privalign.evaluation import EvalSettings
 from privalign.evaluation.private import stream
-from privalign.evaluation.suite import declared_reward, large_pool
+from privalign.evaluation.reward_info import declared_reward
+from privalign.evaluation.suite import large_pool
 
 
 def main(argv=None) -> list[dict]:

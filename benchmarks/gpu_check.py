@@ -114,6 +114,7 @@ def check_generator(path: str, device: str, dtype: str, k: int, new: int, result
     import numpy as np
     import torch
 
+    from privalign.backends import load_policy
     from privalign.backends.transformers_backend import TransformersGenerator
 
     msgs = [{"role": "user", "content": PROMPT}]
@@ -158,7 +159,7 @@ def check_generator(path: str, device: str, dtype: str, k: int, new: int, result
     results.append(dict(path="featurize", model=tag, samples=len(texts), seconds=secs,
                         samples_per_s=len(texts) / secs, ok=_finite(feats) and feats.dtype == np.float32))
     head = random_head(path, feats.shape[1] // 2)
-    head.use_policy(device=device, dtype=dtype)
+    head.use_policy(load_policy, device=device, dtype=dtype)
     scores, secs = _rate(lambda: head.score([PROMPT] * len(texts), texts))
     results.append(dict(path="policy-bt-score", model=tag, samples=len(texts), seconds=secs,
                         samples_per_s=len(texts) / secs, ok=_finite(scores)))

@@ -189,7 +189,7 @@ def test_batching_reward_merges_calls_returns_each_callers_scores_and_keeps_attr
 def test_batched_real_minilm_scores_equal_unbatched_scores():
     from importlib import resources
 
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
 
     model = load_reward("minilm-bt:" + str(resources.files("privalign") / "data" / "arithmetic-minilm-bt.json"))
     calls = [(["What is 2 + 3?"] * 3, ["5", "The answer is 5.", "6"]),

@@ -46,7 +46,7 @@ def test_policy_bt_scores_from_a_bf16_policy_agree_with_float32(smollm2):
     from importlib import resources
 
     from privalign.pools import load_pool
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
 
     data = resources.files("privalign") / "data"
     pool = load_pool(str(data / "counting-smollm2.parquet"))
@@ -69,7 +69,7 @@ def test_scoring_through_the_policy_reproduces_the_shipped_pools_rewards(smollm2
     from importlib import resources
 
     from privalign.pools import load_pool
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
 
     data = resources.files("privalign") / "data"
     pool = load_pool(str(data / "counting-smollm2.parquet"))
@@ -86,7 +86,7 @@ def test_scoring_through_the_policy_reproduces_the_shipped_pools_rewards(smollm2
 def test_dtypes_the_device_cannot_run_and_unknown_ones_are_refused_by_name():
     import torch
 
-    from privalign.backends.devices import resolve_dtype
+    from privalign.devices import resolve_dtype
 
     assert resolve_dtype(None, "cpu", torch.bfloat16) is torch.float32  # auto on the CPU
     assert resolve_dtype("auto", "cuda", torch.bfloat16) is torch.bfloat16  # the checkpoint's own on a GPU

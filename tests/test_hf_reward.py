@@ -166,7 +166,7 @@ def test_a_text_alone_equals_it_in_a_mixed_padded_batch_and_a_reference_pass(tmp
 
 
 def test_dtype_and_batch_size_options(tmp_path, trap_tokenizer):
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
     from privalign.rewards.hf import HFReward
 
     path = _build(tmp_path / "rm", trap_tokenizer)

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from privalign.cli import app
 from privalign.evaluation import EvalSettings
 from privalign.evaluation.large_n import claim_sentence, study
-from privalign.evaluation.suite import LARGE_POOLS, run_large_n
+from privalign.evaluation.suite import LARGE_POOLS
+from privalign.report.jobs import run_large_n
 from privalign.pools import Pool
 
 

@@ -11,7 +11,7 @@ from privalign.cli import app
 from privalign.pipeline import features_path, generate_pool, pool_features, save_features, score_pool
 from privalign.metrics import within_prompt_auc
 from privalign.pools import Pool, load_pool
-from privalign.rewards import load_reward
+from privalign.pipeline import load_reward
 from privalign.rewards.policy_bt import (
     FeatureMap,
     PolicyBTReward,

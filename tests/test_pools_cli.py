@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from privalign.evaluation import EvalSettings
-from privalign.evaluation.suite import run_evaluate, run_reproduce
+from privalign.report.jobs import run_evaluate, run_reproduce
 from privalign.pools import Pool, PoolError, load_pool
 from privalign.report.results import read_csv
 from privalign.simulate import simulate

@@ -11,7 +11,7 @@ from privalign.accounting import gaussian_mechanism_noise_scale
 from privalign.cli import app
 from privalign.pipeline import features_path, save_features
 from privalign.pools import Pool
-from privalign.rewards import load_reward
+from privalign.pipeline import load_reward
 from privalign.rewards.policy_bt import PolicyBTReward, train_policy_bt
 from privalign.rewards.release import ReleasedHead, release_head, release_noise_scale
 
@@ -486,7 +486,7 @@ def test_release_study_refuses_features_of_another_head_and_a_bad_delta():
 
 def test_reproduce_studies_the_release_and_reports_it(tmp_path):
     from privalign.evaluation import EvalSettings
-    from privalign.evaluation.suite import run_reproduce
+    from privalign.report.jobs import run_reproduce
     from privalign.report.results import read_csv
     from privalign.rewards.release import study_head
 

@@ -93,7 +93,7 @@ RESPONSES = ["4", "There are three r's in strawberry: Answer: 3", "No, 91 = 7 x 
 
 
 def test_chat_requests_get_raw_logits_in_order_with_the_served_model():
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
 
     with Loopback(vllm_classify_app()) as srv:
         rm = load_reward(f"vllm:{srv.url}/v1")
@@ -138,7 +138,7 @@ def test_other_shapes_more_classes_and_unknown_models_are_named_errors():
         VLLMReward("http://127.0.0.1:9", batch_size=0)
     with pytest.raises(ValueError, match="needs an http\\(s\\) URL, got 'localhost:8000'"):
         VLLMReward("localhost:8000")
-    from privalign.rewards import load_reward
+    from privalign.pipeline import load_reward
 
     with pytest.raises(ValueError, match="needs its model: vllm:URL"):
         load_reward("vllm:")

@@ -192,7 +192,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
              out: Path = typer.Option(..., help="results directory")):
     """Replay selection algorithms on bootstrap replicates of a pool; write tables, figures, report."""
     from .evaluation import EvalSettings
-    from .evaluation.suite import run_evaluate
+    from .report.jobs import run_evaluate
 
     _out_dir(out, inputs=[pool])
     p = _load(pool)
@@ -299,7 +299,8 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     per-query noise (when the pool carries the head's features), and the empirical audit when one
     is attached."""
     from .evaluation import EvalSettings
-    from .evaluation.suite import default_pool, run_reproduce
+    from .evaluation.suite import default_pool
+    from .report.jobs import run_reproduce
 
     if pool and task:
         _fail("give --pool or --task, not both")
@@ -360,7 +361,8 @@ def _reproduce_large(pool, task, reward, eps, replicates, seed, workers, executo
     """``reproduce --large``: the large-n study at the first target epsilon."""
     from .evaluation import EvalSettings
     from .evaluation.large_n import claim_sentence
-    from .evaluation.suite import large_pool, run_large_n
+    from .evaluation.suite import large_pool
+    from .report.jobs import run_large_n
 
     p, label = _pool_or_embedded(pool, lambda: large_pool(task or "counting"))
     names = [r.strip() for r in reward.split(",") if r.strip()] if reward else None
@@ -445,7 +447,7 @@ app.add_typer(rm_app, name="rm")
 def _check_dtype(dtype: Optional[str]) -> None:
     """A one-line error for an unknown --dtype, or one this machine's device cannot run, before any
     model is loaded."""
-    from .backends.devices import DTYPES, resolve_device, resolve_dtype
+    from .devices import DTYPES, resolve_device, resolve_dtype
 
     if dtype is None:
         return
@@ -542,8 +544,7 @@ def score(pool: Path = typer.Argument(...),
                                                   "(phi:<name>:<j> columns), for the release study of reproduce")):
     """Score a pool's responses with reward models: adds one reward:<name> column each."""
     from .backends.base import BackendError
-    from .pipeline import score_pool
-    from .rewards import load_reward
+    from .pipeline import load_reward, score_pool
 
     _check_dtype(dtype)
     try:

@@ -24,10 +24,20 @@ import numpy as np
 
 from .backends.base import Generator
 from .pools import HEAD_FEATURES_PREFIX, REWARD_PREFIX, Pool, load_pool
-from .rewards import RewardModel, score_checked
+from .rewards import RewardModel, reward_from_spec, score_checked
 from .tasks import Task
 
 Progress = Callable[[dict], None]
+
+
+def load_reward(spec: str, **options) -> RewardModel:
+    """A reward model from its spec (``rewards.reward_from_spec``: ``minilm-bt:PATH``,
+    ``policy-bt:PATH``, ``hf:PATH_OR_ID``, ``vllm:URL``, ``http:URL``, with ``dtype``,
+    ``trust_remote_code``, ``batch_size``), a policy-bt head scoring texts through its base model
+    loaded by ``backends.load_policy`` on first use."""
+    from .backends import load_policy
+
+    return reward_from_spec(spec, policy_loader=load_policy, **options)
 
 
 def _prompt_seed(seed: int, index: int) -> int:

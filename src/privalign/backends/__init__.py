@@ -39,4 +39,13 @@ def make_generator(backend: str, model: str = "smollm2", base_url: str | None = 
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-__all__ = ["BACKENDS", "BackendError", "Generation", "Generator", "make_generator"]
+def load_policy(model: str = "smollm2", **options):
+    """The policy a policy-bt head featurizes with (``rewards.policy_bt.PolicyFeaturizer``): a
+    ``TransformersGenerator`` of ``model`` with ``options`` (dtype, device, batch_size):
+    ``pipeline.load_reward`` passes it to ``rewards.reward_from_spec(policy_loader=)``."""
+    from .transformers_backend import TransformersGenerator
+
+    return TransformersGenerator(model, **options)
+
+
+__all__ = ["BACKENDS", "BackendError", "Generation", "Generator", "load_policy", "make_generator"]

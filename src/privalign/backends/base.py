@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import BackendError  # noqa: F401  (the backends raise it; callers import it from here)
+
 
 @dataclass(frozen=True)
 class Generation:
@@ -18,10 +20,6 @@ class Generation:
     features: object = None       # policy features (numpy vector) when asked for and the backend gives them
     prompt_tokens: int | None = None  # the prompt's length in tokens, when the backend reports it
     finish_reason: str | None = None  # "stop" (the model ended it) or "length" (cut at max_new_tokens)
-
-
-class BackendError(RuntimeError):
-    """A generation backend failed (an HTTP error, retries exhausted, a malformed answer)."""
 
 
 class Generator(Protocol):

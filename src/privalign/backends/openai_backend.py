@@ -14,7 +14,6 @@ follow-up calls, each with its own seed.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import itertools
 import random
 import threading
@@ -22,23 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 
+from .._http import RETRY_STATUS, retry_after
 from .base import BackendError, Generation, fresh_seed
-
-RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date), or None."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
 
 
 class _Clients:
@@ -145,7 +129,7 @@ class OpenAIGenerator:
                 # (privalign's own budget_exhausted 429 says x-should-retry: false, as OpenAI's do)
                 if r.status_code not in RETRY_STATUS or r.headers.get("x-should-retry") == "false":
                     raise BackendError(error)
-                wait = _retry_after(r.headers.get("retry-after"))
+                wait = retry_after(r.headers.get("retry-after"))
             if attempt >= self.max_retries:
                 raise BackendError(f"{error} (after {attempt + 1} attempts)")
             if wait is None:  # exponential back-off with full jitter

@@ -110,7 +110,7 @@ class SharedPrefixDecoder:
     def rows_per_batch(self, k: int, tokens: int, device) -> int:
         """``batch_size`` when set; else 1024 on the CPU, and on CUDA as many of the ``k`` rows as
         the free memory holds, each with its own suffix cache of ``tokens`` positions."""
-        from .devices import auto_batch_size
+        from ..devices import auto_batch_size
 
         if self.batch_size is not None:
             return self.batch_size

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import hf_compat
 from .base import Generation, cache_dir, fresh_seed, smollm2_gguf
-from .devices import CPU_BATCH, auto_batch_size, checkpoint_dtype, out_of_memory, resolve_device, resolve_dtype
+from ..devices import CPU_BATCH, auto_batch_size, checkpoint_dtype, out_of_memory, resolve_device, resolve_dtype
 from .hf_compat import cache_kwarg, output_cache
 
 

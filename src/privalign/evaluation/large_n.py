@@ -31,6 +31,7 @@ from . import experiments as X
 from . import private as P
 from .harness import METRICS, EvalSettings
 from .parallel import evaluate
+from .reward_info import declared_reward, test_auc
 
 LARGE_N = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ITP_BEST = "ITP (beta tuned at each n)"
@@ -80,8 +81,6 @@ def tune_capped(held, s: EvalSettings, epsilon: float, n: int, beta_grid=X.BETA_
 def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon: float = 1.0, n_ref: int = 16,
           n_grid=LARGE_N, beta_grid=X.BETA_GRID, delta: float = 1e-5, rounds_grid=ROUNDS_GRID) -> dict:
     """One reward model's large-n study: {"reward", "rows" (curve rows), "held_rows", "summary"}."""
-    from .suite import declared_reward, test_auc
-
     s = replace(declared_reward(pool, replace(base or EvalSettings(), reward=reward)), delta=delta).check()
     grouped = pool.grouped(s.reward)
     largest = int(np.diff(grouped.offsets).min())

@@ -15,14 +15,13 @@ from dataclasses import replace
 from ..pools import Pool
 from .harness import EvalSettings
 from .private import _accuracy, calibrate, sensitivity_of
+from .reward_info import declared_reward
 
 
 def plan_base(pool: Pool, reward: str | None = None, pairs: int | None = None, delta: float = 1e-8,
               beta: float = 0.05, max_rounds: int | None = None) -> tuple[EvalSettings, dict]:
     """Settings for the pool's certified reward model (its declared range and Delta_r), rescaled to
     ``pairs``, PrivITP capped at ``max_rounds``; returns (settings, a description of the model)."""
-    from .suite import declared_reward
-
     s = declared_reward(pool, EvalSettings(reward=reward, delta=delta, beta=beta, max_rounds=max_rounds))
     if s.sensitivity is None:
         raise ValueError(f"the pool records no certified sensitivity for reward {s.reward!r}: plan needs a certified "

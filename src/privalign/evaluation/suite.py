@@ -1,92 +1,26 @@
-"""Jobs that produce a results directory: ``run_evaluate`` and ``run_reproduce``.
-
-A results directory holds ``summary.csv`` (one row per (algorithm, n)), ``per_prompt.csv``,
-``settings.json`` (every option, the pool's metadata, the package version), the experiment tables,
-figures (PNG and PDF) and ``report.html``. It is written atomically.
+"""The experiments behind a results directory, as numbers: the shipped pools, the reward range a
+pool declares, ``reproduce``'s experiments and the large-n study over a pool's reward models, and
+their headline numbers. ``report.jobs`` runs them and writes the results directory.
 """
 
 from __future__ import annotations
 
 import math
-import platform
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import __version__
 from ..pools import Pool
-from ..report import figures
-from ..report.html import render
-from ..report.results import SUMMARY_COLUMNS, atomic_directory, write_csv, write_json
 from . import experiments as X
-from .harness import METRICS, EvalResult, EvalSettings
-from ..metrics import within_prompt_auc
-from .parallel import evaluate
+from .harness import EvalSettings
+from .reward_info import declared_reward, test_auc
 
 if TYPE_CHECKING:
     from .release import StudyHead
 
 Progress = Callable[[str, int, int], None]
-
-
-def _settings_record(settings: EvalSettings, pool: Pool, pool_path, result: EvalResult | None, n_prompts: int,
-                     extra=None) -> dict:
-    return {
-        "privalign_version": __version__,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": ("privalign " + " ".join(sys.argv[1:])) if Path(sys.argv[0]).name == "privalign" else None,
-        "evaluation": settings.as_dict(),
-        "reward_range_used": list(result.reward_range) if result is not None else None,
-        "pool": {"path": str(pool_path) if pool_path else None, "prompts": int(n_prompts),
-                 "rows": pool.n_rows, "metadata": pool.metadata},
-        "notes": ("Selection scores are normalised as recorded, clipped to the reward range and mapped to "
-                  "[0, 1]; sigma, beta and the sensitivity are in units of that range. A deployment must "
-                  "use a fixed, declared reward range rather than one observed on the data."),
-        **(extra or {}),
-    }
-
-
-def _per_prompt_rows(result: EvalResult) -> list[dict]:
-    rows = []
-    for a, algo in enumerate(result.settings.algorithms):
-        for j, n in enumerate(result.settings.n_grid):
-            for k, pid in enumerate(result.prompt_ids):
-                row = {"algorithm": algo, "n": int(n), "prompt_id": pid, "base_accuracy": result.base[k, 0]}
-                row.update({m: result.per_prompt[a, j, k, i] for i, m in enumerate(METRICS)})
-                rows.append(row)
-    return rows
-
-
-def _write_main(tmp: Path, result: EvalResult) -> list[dict]:
-    summary = result.summary_rows()
-    write_csv(tmp / "summary.csv", summary, SUMMARY_COLUMNS)
-    write_json(tmp / "summary.json", summary)
-    write_csv(tmp / "per_prompt.csv", _per_prompt_rows(result))
-    figures.curves(summary, tmp, [("lift", "accuracy lift over base (points)"), ("proxy_reward", "proxy reward")],
-                   "curves_accuracy", "Accuracy lift and proxy reward versus n")
-    figures.curves(summary, tmp, [("win_rate", "win-rate vs base (proxy)"), ("hacking_gap", "hacking gap (proxy - true)")],
-                   "curves_hacking", "Win-rate and hacking gap versus n")
-    return summary
-
-
-def run_evaluate(pool: Pool, settings: EvalSettings, out: str | Path, pool_path=None,
-                 progress: Progress | None = None) -> Path:
-    settings = declared_reward(pool, settings).check()
-    grouped = pool.grouped(settings.reward)
-    cb = (lambda d, t: progress("evaluate", d, t)) if progress else None
-    result = evaluate(grouped, settings, progress=cb)
-    with atomic_directory(out) as tmp:
-        _write_main(tmp, result)
-        write_json(tmp / "settings.json", _settings_record(settings, pool, pool_path, result, grouped.n_prompts))
-        render(tmp)
-    return Path(out)
 
 
 DEFAULT_TASK = "counting"
@@ -114,31 +48,37 @@ def _embedded(name: str) -> tuple[Pool, str]:
     return load_pool(str(resources.files("privalign") / "data" / name)), f"embedded: {name}"
 
 
-def declared_reward(pool: Pool, settings: EvalSettings) -> EvalSettings:
-    """Use the reward model's declared output range and certified sensitivity when the pool records
-    them (and the scores are not re-normalised): a fixed range, as a deployment would declare."""
-    info = pool.metadata.get("reward_model_info", {})
-    name = settings.reward or pool.metadata.get("default_reward") or (pool.reward_names or [None])[0]
-    rm = info.get(name) if name else None
-    if not rm or settings.normalisation != "none" or settings.reward_range is not None:
-        return settings
-    lo, hi = rm["output_range"]
-    out = replace(settings, reward=name, reward_range=(lo, hi))
-    if settings.sensitivity is None and rm.get("sensitivity"):
-        out = replace(out, sensitivity=min(1.0, rm["sensitivity"] / (hi - lo)))
-    return out
-
-
 REPRODUCE_N = (1, 2, 4, 8, 16, 32, 64)
 UTILITY_EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
-def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, settings: EvalSettings | None = None,
-                  targets=(1.0, 4.0), n_ref: int = 16, n_grid=REPRODUCE_N, epsilons=UTILITY_EPSILONS,
-                  beta_grid=X.BETA_GRID, sigma_grid=X.SIGMA_GRID, delta: float = 1e-5,
-                  stream_total: float = 20.0, stream_delta_total: float = 1e-3, stream_seeds: int = 10,
-                  release: "StudyHead | None" = None, release_draws: int = 20,
-                  progress: Progress | None = None) -> Path:
+@dataclass(frozen=True)
+class Reproduction:
+    """What ``reproduce`` measured: the settings used (``settings``, with the pool's declared range),
+    the n grid, the held-out / test split sizes, and each experiment's rows (see ``reproduce``)."""
+
+    settings: EvalSettings
+    n_prompts: int
+    n_grid: tuple
+    held_prompts: int
+    test_prompts: int
+    chosen: dict
+    tune_rows: list
+    curve_rows: list
+    utility_rows: list
+    abl_sigma: dict
+    sweep: list
+    stream_rows: list
+    stream_summary: list
+    headline: dict
+    study: dict | None
+
+
+def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0, 4.0), n_ref: int = 16,
+              n_grid=REPRODUCE_N, epsilons=UTILITY_EPSILONS, beta_grid=X.BETA_GRID, sigma_grid=X.SIGMA_GRID,
+              delta: float = 1e-5, stream_total: float = 20.0, stream_delta_total: float = 1e-3,
+              stream_seeds: int = 10, release: "StudyHead | None" = None, release_draws: int = 20,
+              tick: Callable[[str], None] = lambda name: None) -> Reproduction:
     """The paper's experiments at privacy levels a reviewer would accept.
 
     The prompts are split once (seeded) into held-out tuning prompts and test prompts.
@@ -153,23 +93,14 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
        head released once against per-query noise over Q queries, and at every n
        (``release.release_study``).
     PrivITP spends ``delta`` per query (default 1e-5, well below 1 / the number of people).
+    ``tick(name)`` is called after each of the 6 (7 with ``release``) steps.
     """
     from . import private as P
 
-    if pool is None:
-        pool, pool_path = default_pool()
     s = replace(declared_reward(pool, settings or EvalSettings()), delta=delta).check()
     grouped = pool.grouped(s.reward)
     largest = int(np.diff(grouped.offsets).min())
     n_grid = tuple(sorted({*(n for n in (*n_grid, n_ref) if n <= largest), largest}))
-    steps, step = 7 + (release is not None), 0
-
-    def tick(name):
-        nonlocal step
-        step += 1
-        if progress:
-            progress(name, step, steps)
-
     held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
     held, test = grouped.subset(held_idx), grouped.subset(test_idx)
     chosen, tune_rows = P.tune(held, s, targets, n_ref, beta_grid)
@@ -196,51 +127,8 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
                               n_grid, draws=release_draws, seed=s.seed)
         headline["release"] = release_headline(study)
         tick("released head")
-
-    with atomic_directory(out) as tmp:
-        write_csv(tmp / "summary.csv", curve_rows)
-        write_json(tmp / "summary.json", curve_rows)
-        write_csv(tmp / "tuning.csv", tune_rows)
-        write_csv(tmp / "privacy_utility.csv", utility_rows)
-        write_csv(tmp / "ablation_sigma_privitp.csv", abl_sigma["rows"])
-        write_csv(tmp / "noise_sweep.csv", sweep)
-        write_csv(tmp / "stream.csv", stream_rows)
-        write_csv(tmp / "stream_summary.csv", stream_summary)
-        write_json(tmp / "headline.json", headline)
-        replicates = f"{s.replicates} replicates per prompt"
-        main = [r for r in curve_rows if r["target_epsilon"] in (math.inf, targets[0])]
-        figures.curves_ci(main, tmp, "headline",
-                          f"Accuracy versus n at epsilon = {targets[0]:g} per query",
-                          f"{len(test_idx)} test prompts, {replicates}, 95% bootstrap intervals over prompts")
-        figures.curves_ci(curve_rows, tmp, "curves_all_targets",
-                          "Accuracy versus n, every target (dashed: epsilon > 1)",
-                          f"{len(test_idx)} test prompts, {replicates}, 95% bootstrap intervals over prompts")
-        figures.privacy_utility(utility_rows, tmp, n=n_ref, note=f"{len(test_idx)} test prompts, 95% bootstrap")
-        figures.noise_sweep(sweep, tmp)
-        if stream_summary:
-            figures.stream_bars(stream_summary, tmp)
-        if study is not None:
-            write_csv(tmp / "release_vs_queries.csv", study["queries"])
-            write_csv(tmp / "release_vs_n.csv", study["n"])
-            write_json(tmp / "release.json", {k: v for k, v in study.items() if k not in ("queries", "n")})
-            figures.release_vs_queries(study["queries"], study["bon"][n_ref], study["base"], tmp,
-                                       title=f"{release.name} (P = {release.persons}, k = {release.pairs_per_person}): "
-                                             f"release once vs per-query noise, delta {study['delta_w']:g}")
-            figures.release_vs_n(study["n"], study["bon"], study["base"], tmp)
-        write_json(tmp / "settings.json", _settings_record(
-            s, pool, pool_path, None, grouped.n_prompts,
-            {"job": "reproduce", "evaluation": _untuned(s), "targets": list(targets), "n_ref": n_ref,
-             "n_grid": list(n_grid),
-             "heldout_prompts": len(held_idx), "test_prompts": len(test_idx),
-             "chosen": {str(k): v for k, v in chosen.items()}, "grids": {"beta": list(beta_grid),
-                                                                         "sigma": list(sigma_grid),
-                                                                         "phase1_fraction": list(P.PHASE1_FRACTIONS)},
-             "privitp_sigma_for_accuracy": abl_sigma["chosen"],
-             "stream": {"epsilon_total": stream_total, "delta_total": stream_delta_total, "seeds": stream_seeds,
-                        "n": n_ref}}))
-        render(tmp)
-        tick("report")
-    return Path(out)
+    return Reproduction(s, grouped.n_prompts, n_grid, len(held_idx), len(test_idx), chosen, tune_rows, curve_rows,
+                        utility_rows, abl_sigma, sweep, stream_rows, stream_summary, headline, study)
 
 
 def release_headline(study: dict) -> dict:
@@ -271,13 +159,12 @@ def large_pool(task: str = "counting") -> tuple[Pool, str]:
     return _embedded(LARGE_POOLS[task])
 
 
-def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, settings: EvalSettings | None = None,
-                epsilon: float = 1.0, n_ref: int = 16, n_grid=None, beta_grid=X.BETA_GRID, delta: float = 1e-5,
-                prompts: int | None = None, progress: Progress | None = None) -> Path:
-    """``large_n.study`` for each certified reward model of ``pool`` (or ``rewards``): curves to
-    n = 1,024 and the paper's claim per reward model. ``prompts`` keeps the first that many prompts
-    (a quick slice). Writes summary.csv (every curve row, with its reward), heldout.csv,
-    large_n.json (the verdicts), one figure per reward model and report.html."""
+def large_n_studies(pool: Pool, *, rewards=None, settings: EvalSettings | None = None, epsilon: float = 1.0,
+                    n_ref: int = 16, n_grid=None, beta_grid=X.BETA_GRID, delta: float = 1e-5,
+                    prompts: int | None = None, progress: Progress | None = None) -> tuple[Pool, list[dict]]:
+    """``large_n.study`` for each certified reward model of ``pool`` (or ``rewards``, the served model
+    first): curves to n = 1,024 and the paper's claim per reward model. ``prompts`` keeps the first
+    that many prompts (a quick slice). Returns the pool studied and the studies."""
     from . import large_n as L
 
     if prompts is not None:
@@ -294,58 +181,13 @@ def run_large_n(out: str | Path, pool: Pool, pool_path=None, *, rewards=None, se
     unknown = [r for r in names if r not in pool.reward_names]
     if unknown:
         raise ValueError(f"rewards {unknown} are not in the pool; it has {pool.reward_names}")
-    s = settings or EvalSettings()
     studies = []
     for i, name in enumerate(names):
-        studies.append(L.study(pool, name, s, epsilon=epsilon, n_ref=n_ref, n_grid=n_grid or L.LARGE_N,
-                               beta_grid=beta_grid, delta=delta))
+        studies.append(L.study(pool, name, settings or EvalSettings(), epsilon=epsilon, n_ref=n_ref,
+                               n_grid=n_grid or L.LARGE_N, beta_grid=beta_grid, delta=delta))
         if progress:
             progress(f"reward model {name}", i + 1, len(names) + 1)
-    with atomic_directory(out) as tmp:
-        rows = [{"reward": st["reward"], **r} for st in studies for r in st["rows"]]
-        write_csv(tmp / "summary.csv", rows)
-        write_csv(tmp / "heldout.csv", [{"reward": st["reward"], **r} for st in studies for r in st["held_rows"]])
-        write_json(tmp / "large_n.json", {"epsilon": epsilon, "n_ref": n_ref,
-                                          "studies": [st["summary"] for st in studies]})
-        for st in studies:
-            sm = st["summary"]
-            figures.curves_ci(st["rows"], tmp, f"large_n_{st['reward']}",
-                              f"{st['reward']}: accuracy versus n at epsilon = {epsilon:g} per query",
-                              f"{sm['test_prompts']} test prompts, {s.replicates} replicates per prompt, 95% bootstrap "
-                              f"intervals over prompts; AUC {sm['auc']['auc']:.3f}, Delta_r {sm['sensitivity']:.3g}")
-        write_json(tmp / "settings.json", _settings_record(
-            s, pool, pool_path, None, studies[0]["summary"]["held_prompts"] + studies[0]["summary"]["test_prompts"],
-            {"job": "reproduce-large", "evaluation": _untuned(s), "rewards": names, "epsilon": epsilon,
-             "n_ref": n_ref, "n_grid": list(n_grid or L.LARGE_N), "grids": {"beta": list(beta_grid)},
-             "delta": delta}))
-        render(tmp)
-        if progress:
-            progress("report", len(names) + 1, len(names) + 1)
-    return Path(out)
-
-
-TUNED = ("sigma", "beta", "sigma_x", "sigma_z", "truncation")
-
-
-def _untuned(s: EvalSettings) -> dict:
-    """The settings record of a reproduce run: the per-method values (sigma, beta, ...) are tuned at
-    each target and live under ``chosen``, so the base settings' defaults are not shown as if used."""
-    d = {k: v for k, v in s.as_dict().items() if k not in TUNED}
-    d["tuned_per_method"] = "see 'chosen' (per target epsilon) and 'privitp_sigma_for_accuracy'"
-    return d
-
-
-def test_auc(pool: Pool, reward: str | None, test_ids) -> dict:
-    """Within-prompt AUC of the selection reward, and of the policy's log-probability when the pool
-    has it, on the test prompts (target: >= 0.65 and above the log-probability)."""
-    rows = np.isin(pool.columns["prompt_id"], test_ids)
-    y, pid = pool.columns["true_reward"][rows], pool.columns["prompt_id"][rows]
-    name = reward or pool.metadata.get("default_reward") or pool.reward_names[0]
-    out = {"reward": name, "auc": within_prompt_auc(pool.reward(name)[rows], y, pid)}
-    if "logprob" in pool.reward_names and name != "logprob":
-        out["logprob_auc"] = within_prompt_auc(pool.reward("logprob")[rows], y, pid)
-        out["met"] = bool(out["auc"] >= 0.65 and out["auc"] > out["logprob_auc"])
-    return out
+    return pool, studies
 
 
 def _at(rows, method, n):

@@ -14,15 +14,18 @@ def _file_kind(path: str) -> str | None:
         return None
 
 
-def load_reward(spec: str, *, dtype: str | None = None, trust_remote_code: bool = False,
-                batch_size: int | None = None) -> RewardModel:
+def reward_from_spec(spec: str, *, dtype: str | None = None, trust_remote_code: bool = False,
+                batch_size: int | None = None, policy_loader=None) -> RewardModel:
     """``minilm-bt:PATH`` or ``policy-bt:PATH`` (trained certified heads, or a released head:
     ``rm release``), ``hf:PATH_OR_ID``, ``vllm:URL`` (a vLLM server's classify API) or ``http:URL``.
-    ``dtype`` (``backends.devices.DTYPES``) is what a torch model computes in: the policy of a
+    ``dtype`` (``devices.DTYPES``) is what a torch model computes in: the policy of a
     policy-bt head, or an hf reward model. ``trust_remote_code`` (hf only) lets a checkpoint's own
-    code run; ``batch_size`` is the hf model's rows per forward pass or vLLM's texts per request."""
+    code run; ``batch_size`` is the hf model's rows per forward pass or vLLM's texts per request.
+    ``policy_loader(base_model, **options)`` builds the policy a policy-bt head scores texts with
+    (``policy_bt.PolicyFeaturizer``): without it the head scores recorded features only.
+    ``pipeline.load_reward`` is this with the transformers policy attached."""
     if dtype is not None:
-        from ..backends.devices import DTYPES
+        from ..devices import DTYPES
 
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -42,7 +45,7 @@ def load_reward(spec: str, *, dtype: str | None = None, trust_remote_code: bool 
         from .release import RELEASED_KIND, ReleasedHead
 
         head = ReleasedHead.load(arg) if _file_kind(arg) == RELEASED_KIND else PolicyBTReward.load(arg)
-        return head.use_policy(dtype=dtype)
+        return head.use_policy(policy_loader, dtype=dtype)
     if kind == "hf":
         from .hf import HFReward
 
@@ -59,4 +62,4 @@ def load_reward(spec: str, *, dtype: str | None = None, trust_remote_code: bool 
 
 
 __all__ = ["CallableReward", "CertifiedBT", "EmbeddingBTReward", "Embedder", "HTTPReward", "RewardModel", "Scored",
-           "certified_sensitivity", "load_reward", "score_checked"]
+           "certified_sensitivity", "reward_from_spec", "score_checked"]

@@ -16,7 +16,7 @@ The score of (prompt, response) is the head's logit at the text's last real toke
 - **Custom code** (ArmoRM) runs only with ``trust_remote_code=True``; its output's ``score`` is used
   when it has one, else its single logit.
 - **Batched by length**, ``batch_size`` rows at a time (default: 16 on the CPU, from free memory on
-  CUDA), in ``dtype`` (``backends.devices``: auto = the checkpoint's dtype on a GPU, float32 on the
+  CUDA), in ``dtype`` (``privalign.devices``: auto = the checkpoint's dtype on a GPU, float32 on the
   CPU); scores come back as float64 on the host. A text longer than ``max_length`` tokens is an error
   naming it, never a silently truncated score.
 
@@ -46,7 +46,7 @@ class HFReward(RewardModel):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        from ..backends.devices import checkpoint_dtype, resolve_device, resolve_dtype
+        from ..devices import checkpoint_dtype, resolve_device, resolve_dtype
 
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -142,7 +142,7 @@ class HFReward(RewardModel):
         return logits[:, 0].float().cpu().numpy().astype(np.float64)
 
     def score(self, prompts, responses):
-        from ..backends.devices import out_of_memory
+        from ..devices import out_of_memory
 
         ids = [self.encode(p, r) for p, r in zip(prompts, responses)]
         for i, r in enumerate(ids):

@@ -33,8 +33,10 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -94,27 +96,40 @@ class FeatureMap:
         return cls(np.array(d["mu"]), np.array(d["components"]), np.array(d["scales"]), d["c"], d["lp_clip"])
 
 
+class PolicyFeaturizer(Protocol):
+    """What a policy-bt head needs from its base model: the raw features of each response to one
+    chat prompt, by teacher forcing (float32, one row per response). ``backends.TransformersGenerator``
+    implements it; the floors above pass its class as the ``loader`` of ``use_policy``."""
+
+    def featurize(self, messages: list[dict], responses: list[str]) -> np.ndarray: ...
+
+
 class PolicyScoring:
     """Scoring through the policy's own features: ``score`` recomputes raw features of each response
-    by teacher forcing with the base model (loaded on first use) in the task's chat format, then
-    calls ``score_features``. Needs ``base_model``, ``task``, ``_generator`` and ``score_features``.
-    ``use_policy(dtype=, device=)`` sets how the policy is loaded (``TransformersGenerator``'s options);
-    the features come back in float32 whatever the dtype."""
+    by teacher forcing with the base model in the task's chat format, then calls ``score_features``.
+    Needs ``base_model``, ``task``, ``_generator`` and ``score_features``. ``use_policy(loader,
+    dtype=, device=)`` says how the policy is built on first use: ``loader(base_model, **options)``
+    returns a ``PolicyFeaturizer`` (the rewards floor never imports a backend itself); the features
+    come back in float32 whatever the dtype."""
 
     policy_options: dict = {}
+    policy_loader: Callable[..., PolicyFeaturizer] | None = None
 
-    def use_policy(self, **options):
-        """Load the policy with these ``TransformersGenerator`` options (``dtype``, ``device``,
-        ``batch_size``; None values are dropped) on first use; returns self."""
+    def use_policy(self, loader: Callable[..., PolicyFeaturizer] | None = None, **options):
+        """Build the policy with ``loader(base_model, **options)`` (options such as ``dtype``,
+        ``device``, ``batch_size``; None values are dropped) on first use; returns self."""
+        self.policy_loader = loader
         self.policy_options = {k: v for k, v in options.items() if v is not None}
         self._generator = None
         return self
 
-    def _policy(self):
+    def _policy(self) -> PolicyFeaturizer:
         if self._generator is None:
-            from ..backends.transformers_backend import TransformersGenerator
-
-            self._generator = TransformersGenerator(self.base_model, **self.policy_options)
+            if self.policy_loader is None:
+                raise RuntimeError(f"{self.name}: scoring texts needs the base model {self.base_model!r}; attach "
+                                   "it with use_policy(loader) (privalign's CLI and service pass "
+                                   "backends.TransformersGenerator)")
+            self._generator = self.policy_loader(self.base_model, **self.policy_options)
         return self._generator
 
     def messages(self, prompt: str) -> list[dict]:

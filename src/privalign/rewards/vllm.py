@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..backends.base import BackendError
-from ..backends.openai_backend import RETRY_STATUS, _retry_after
+from .._http import RETRY_STATUS, retry_after
+from ..errors import BackendError
 from .base import RewardModel
 
 
@@ -87,7 +87,7 @@ class VLLMReward(RewardModel):
                 error = f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}"
                 if r.status_code not in RETRY_STATUS:
                     raise BackendError(error)
-                wait = _retry_after(r.headers.get("retry-after"))
+                wait = retry_after(r.headers.get("retry-after"))
             if attempt >= self.max_retries:
                 raise BackendError(f"{error} (after {attempt + 1} attempts)")
             time.sleep(min(wait if wait is not None else random.uniform(0, self.backoff * 2 ** attempt),

@@ -101,7 +101,7 @@ def build_generator(cfg: ServiceConfig):
 
 
 def build_reward(cfg: ServiceConfig) -> RewardModel:
-    """The configured reward model (``rewards.load_reward``), with the config's declared output range
+    """The configured reward model (``pipeline.load_reward``), with the config's declared output range
     and sensitivity applied on top; concurrent requests' scoring calls are merged into one call
     (``BatchingReward``, with the generator's ``batch_max`` and ``batch_wait_ms``)."""
     r = cfg.reward
@@ -110,7 +110,7 @@ def build_reward(cfg: ServiceConfig) -> RewardModel:
     else:
         from importlib import resources
 
-        from ..rewards import load_reward
+        from ..pipeline import load_reward
 
         path = r.path
         if r.kind == "minilm-bt" and path is None:  # the embedded default model pair

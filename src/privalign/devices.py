@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .base import BackendError
+from .errors import BackendError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
