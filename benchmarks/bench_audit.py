@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from privalign.audit import audit
-from privalign.cli import _train_pool
+from privalign.cli._common import _train_pool
 from privalign.rewards.policy_bt import PolicyBTReward
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "privalign" / "data"

@@ -138,7 +138,7 @@ def test_reproduce_writes_every_table_figure_and_the_report(tmp_path):
     # the tuned values live under "chosen": the base settings' sigma/beta are not shown as if they were used
     assert not {"sigma", "beta", "sigma_x", "sigma_z"} & set(settings["evaluation"]) and settings["chosen"]
     # an attached audit record (privalign audit --out) becomes a section and a figure of the report
-    from privalign.cli import _attach_audit
+    from privalign.cli.reproduce import _attach_audit
 
     rows = [{"mechanism": m, "claimed_epsilon": c, "delta": 0.0, "runs_per_side": 1000, "successes_D": 400,
              "successes_D_prime": 420, "epsilon_lower_bound": lb}

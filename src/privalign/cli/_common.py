@@ -1,0 +1,140 @@
+"""Helpers shared by the command modules: the error console and one-line failures, progress bars,
+list parsing, output-path checks, loading pools."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+console = Console(stderr=True, soft_wrap=True)  # one logical line stays one line (errors, paths)
+
+
+def parse_float_list(text: str) -> list[float]:
+    """Comma-separated numbers, e.g. '0.1,0.3,1'."""
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected numbers like '0.1,0.3,1', got {text!r}") from None
+
+
+def parse_int_list(text: str) -> tuple[int, ...]:
+    """Comma-separated integers; 'a,b,c,...,z' continues the sequence up to z.
+
+    The numbers before '...' decide: with three or more, their pattern (geometric or arithmetic);
+    with two, geometric when b is a whole multiple (> 1) of a, e.g. '1,2,...,4096' = powers of 2.
+    """
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        if "..." not in parts:
+            return tuple(int(p) for p in parts)
+        i = parts.index("...")
+        if i < 2 or i != len(parts) - 2:
+            raise ValueError
+        head, z = [int(p) for p in parts[:i]], int(parts[-1])
+    except ValueError:
+        raise typer.BadParameter(f"expected integers like '1,2,4,...,4096', got {text!r}") from None
+    a, b = head[-2], head[-1]
+    ratios_ok = all(y == x * (b // a) for x, y in zip(head, head[1:])) if a > 0 and b % a == 0 else False
+    geometric = a > 0 and b > a and b % a == 0 and ratios_ok
+    seq, v = list(head), b
+    while True:
+        v = v * (b // a) if geometric else v + (b - a)
+        if v > z or (not geometric and b <= a):
+            break
+        seq.append(v)
+    return tuple(seq)
+
+
+def _progress():
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+
+
+def _fail(message: str):
+    from rich.markup import escape
+
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _out_dir(out: Path, inputs=()) -> None:
+    """Refuse (one line, exit 2) a results directory whose replacement could lose data."""
+    from .._paths import OutputError, check_output_dir
+
+    try:
+        check_output_dir(out, inputs=inputs)
+    except OutputError as e:
+        _fail(str(e))
+
+
+def _out_file(out: Path, kind: str, option: str = "--out") -> None:
+    """Refuse (one line, exit 2) a file target that is a directory or a file privalign did not write."""
+    from .._paths import OutputError, check_output_file
+
+    try:
+        check_output_file(out, kind, option=option)
+    except OutputError as e:
+        _fail(str(e))
+
+
+def _load(path: Path):
+    from ..pools import PoolError, load_pool
+
+    try:
+        return load_pool(path)
+    except PoolError as e:
+        _fail(str(e))
+
+
+WORKERS_HELP = "processes sharing the prompts (default: every usable core); the results do not depend on it"
+
+
+EXECUTOR_HELP = "local (a process pool) or dask (the cluster at --scheduler; needs the optional extra cluster)"
+
+
+SCHEDULER_HELP = "Dask scheduler address for --executor dask, e.g. tcp://host:8786"
+
+
+def _check_executor(executor: str) -> None:
+    if executor == "dask":
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            _fail("--executor dask needs the optional extra: pip install 'privalign[cluster]'")
+
+
+def _train_pool(pool: Optional[Path]):
+    from ..pipeline import pool_features
+
+    if pool is None:
+        _fail("--features policy needs --pool: graded policy samples of the train prompts (privalign generate "
+              "--split train --features ...)")
+    p = _load(pool)
+    raw = pool_features(p, pool)
+    if raw is None:
+        _fail(f"{pool} has no recorded policy features ({pool}.features.npz); regenerate it with --features")
+    return p, raw
+
+
+def unwrap_help(text: str | None) -> str | None:
+    """A docstring as help text: each paragraph on one line, so the terminal wraps it at its own
+    width (typer keeps the source's line breaks after the first paragraph); bullet lines stay."""
+    if not text:
+        return text
+    out = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines = para.split("\n")
+        merged: list[str] = []
+        for line in lines:
+            if merged and not line.lstrip().startswith(("- ", "* ")):
+                merged[-1] += " " + line.strip()
+            else:
+                merged.append(line.strip())
+        out.append("\n".join(merged))
+    return "\n\n".join(out)

@@ -1,0 +1,209 @@
+"""``privalign plan``: how far a budget goes, per query or by releasing the head once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+
+from ._app import app
+from ._common import _fail, _load, console, parse_float_list
+
+
+@app.command()
+def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
+         delta_total: float = typer.Option(1e-6, help="the budget's delta"),
+         mechanism: str = typer.Option("privbon", help="privbon, privbon-gaussian or privitp"),
+         epsilon: Optional[float] = typer.Option(None, help="epsilon per query: how many queries?"),
+         queries: Optional[int] = typer.Option(None, help="queries to serve: what epsilon each?"),
+         n: int = typer.Option(16, help="candidates per query"),
+         sensitivity: Optional[float] = typer.Option(None, help="Delta_r / range (default: --pool's, or 0.01)"),
+         delta: float = typer.Option(1e-8, help="privitp: delta per query"),
+         beta: float = typer.Option(0.05, help="privitp: beta"),
+         max_rounds: Optional[int] = typer.Option(16, min=1, help="privitp: Phase 2 examines at most min(T, n) "
+                                                                  "candidates (the service's default 16); 0 rounds "
+                                                                  "are refused, --max-rounds n for the uncapped"),
+         pool: Optional[Path] = typer.Option(None, help="a scored pool: add the accuracy each gives"),
+         reward: Optional[str] = typer.Option(None, help="its certified reward column"),
+         pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs"),
+         model: Optional[Path] = typer.Option(None, help="a certified policy-bt head (exact file) and --pool with its "
+                                                         "features: add the release-then-BoN mode"),
+         release_epsilon: Optional[str] = typer.Option(None, help="with --model: epsilon_w values to compare "
+                                                                  "(default: the budget's epsilon)"),
+         draws: int = typer.Option(60, help="with --model: release draws averaged (and their 5th percentile)"),
+         seed: int = typer.Option(0, help="with --model: seed of the studied release draws"),
+         target_share: Optional[float] = typer.Option(None, help="with --model: how many preference pairs make the "
+                                                                 "release keep this share of BoN's lift on average "
+                                                                 "(and --tail-share at the 5th percentile)?"),
+         tail_share: Optional[float] = typer.Option(None, help="with --target-share: the share the 5th percentile "
+                                                               "must keep (default: target - 0.1)")):
+    """Plan a budget: queries per composition, or epsilon per query.
+
+    basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass. With
+    --model, also the head released once at epsilon_w (then BoN, free for any number of queries):
+    its accuracy averaged over release draws and the 5th percentile a single deployment may get."""
+    from ..accounting import planner
+
+    if (epsilon is None) == (queries is None):
+        _fail("give exactly one of --epsilon (how many queries?) and --queries (what epsilon per query?)")
+    if mechanism not in planner.MECHANISMS:
+        _fail(f"--mechanism must be one of {', '.join(planner.MECHANISMS)}, got {mechanism!r}")
+    base = desc = None
+    if pool is not None:
+        from ..evaluation.planning import plan_base
+
+        try:
+            base, desc = plan_base(_load(pool), reward, pairs, delta, beta, max_rounds)
+        except (ValueError, KeyError) as e:
+            _fail(str(e))
+        sensitivity = desc["sensitivity"] if sensitivity is None else sensitivity
+    elif pairs is not None:
+        _fail("--pairs needs --pool (the reward model whose Delta_r it rescales)")
+    kw = dict(n=n, sensitivity=0.01 if sensitivity is None else sensitivity, beta=beta, delta=delta,
+              max_rounds=max_rounds)
+    try:
+        if epsilon is not None:
+            counts = planner.plan_counts(epsilon_total, delta_total, planner.query_event(mechanism, epsilon, **kw))
+            eps_of = {c: epsilon for c in ("basic", "fsrc", "zcdp")}
+        else:
+            with console.status("planning"):
+                eps_of = planner.plan_epsilons(epsilon_total, delta_total, queries, mechanism, **kw)
+            counts = None
+    except ValueError as e:
+        _fail(str(e))
+    title = (f"{mechanism} at epsilon {epsilon:g} per query" if epsilon is not None
+             else f"{queries} {mechanism} queries") + f" within epsilon {epsilon_total:g}, delta {delta_total:g}"
+    out = Console(soft_wrap=True)
+    acc, refs = _print_compositions(out, title, counts, eps_of, pool, base, mechanism, n)
+    if model is not None:
+        _plan_release(out, model, pool, release_epsilon, epsilon_total, delta_total, n, draws, seed,
+                      acc if desc is not None else None, pairs, target_share, tail_share)
+    elif target_share is not None:
+        _fail("--target-share needs --model (the head whose release it sizes) and --pool")
+    if refs is not None:
+        out.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
+                  f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
+                  f", Delta_r = {desc['sensitivity']:.3g} of the range; BoN (n={n}) {refs['bon']:.3f}, "
+                  f"base policy {refs['base']:.3f}")
+
+
+def _fmt(v, digits=4):
+    return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.{digits}g}")
+
+
+def _print_compositions(out, title: str, counts, eps_of: dict, pool: Optional[Path], base, mechanism: str, n: int):
+    """The table of basic, FSRC and zCDP (queries, or epsilon per query), with each one's accuracy
+    by the exact laws when a pool is given; returns (accuracy per composition, reference accuracies)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("composition")
+    table.add_column("queries" if counts else "epsilon per query", justify="right")
+    acc = refs = None
+    if pool is not None:
+        from ..evaluation.planning import accuracy_at, reference_accuracies
+
+        table.add_column(f"accuracy (n={n})", justify="right")
+        with console.status("accuracy by the exact laws"):
+            refs = reference_accuracies(_load(pool), base, n)
+            acc = {c: accuracy_at(_load(pool), base, mechanism, eps_of.get(c), n) for c in ("basic", "fsrc", "zcdp")}
+    table.add_column("note")
+    for comp, note in (("basic", ""), ("fsrc", counts["fsrc_note"] if counts else ""),
+                       ("zcdp", "fully adaptive (Renyi filter), CKS conversion")):
+        value = counts[comp] if counts else eps_of.get(comp)
+        # an epsilon per query is printed as planned (the shortest decimal the filter admits Q times at):
+        # rounding it to fewer digits could round it up, and the filter would then admit Q - 1
+        row = [comp, _fmt(value) if counts or value is None else repr(value)] + ([_fmt(acc[comp], 3)] if acc else []) + [note]
+        table.add_row(*row)
+    if counts and counts.get("zcdp_limit") is not None:
+        table.add_row("(limit)", _fmt(counts["zcdp_limit"]), *([""] if pool is not None else []),
+                      "no zCDP accountant admits more (Gaussian profile)")
+    out.print(table)
+    if counts and counts.get("zcdp") is not None and counts["zcdp"] < counts["basic"]:
+        out.print(f"zcdp admits fewer queries than basic here ({counts['zcdp']} < {counts['basic']}): its "
+                  "conversion costs more than it saves at large epsilons per query and small totals")
+    return acc, refs
+
+
+def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsilon_total, delta_total, n, draws,
+                  seed, per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None,
+                  tail_share: Optional[float] = None) -> None:
+    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use; with
+    ``--pairs`` the release's noise is that of a head on that many pairs; with ``--target-share``
+    the fewest pairs for which the release keeps that share of BoN's lift."""
+    import math
+
+    from rich.table import Table
+
+    from ..pipeline import pool_features
+    from ..rewards.policy_bt import PolicyBTReward
+    from ..rewards.release import release_accuracy
+
+    if target_share is not None and not 0 < target_share <= 1:
+        _fail(f"--target-share must lie in (0, 1], got {target_share!r}")
+    tail = (target_share - 0.1) if tail_share is None and target_share is not None else tail_share
+
+    if pool is None:
+        _fail("--model needs --pool: a pool of the head's policy with recorded features (privalign featurize)")
+    try:
+        head = PolicyBTReward.load(model)
+    except (ValueError, OSError, KeyError) as e:
+        _fail(f"{model}: {e}")
+    p = _load(pool)
+    raw = pool_features(p, pool)
+    if raw is None:
+        _fail(f"{pool} has no recorded policy features ({pool}.features.npz): run privalign featurize {pool}")
+    eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
+    persons = None if pairs is None else max(1, math.ceil(pairs / head.k))
+    table = Table(title=f"release once at (epsilon_w, {delta_total:g}), then BoN (n={n}): queries unlimited; "
+                        f"{draws} release draws" + ("" if persons is None else
+                                                    f"; noise of a head on {persons * head.k} pairs ({persons} persons)"))
+    for col in ("epsilon_w", "accuracy (mean)", "5th percentile", "share of BoN's lift (mean / 5th pct)"):
+        table.add_column(col, justify="right")
+    rows = []
+    with console.status("release draws"):
+        for e in eps_list:
+            try:
+                r = release_accuracy(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
+                                     draws, np.random.default_rng(seed), persons=persons)
+            except ValueError as err:
+                _fail(str(err))
+            rows.append(r)
+            share = ("-" if r["share_mean"] is None else f"{r['share_mean']:.0%} / {r['share_p5']:.0%}")
+            table.add_row(f"{e:g}", f"{r['mean']:.3f}", f"{r['p5']:.3f}", share)
+    out.print(table)
+    r0 = rows[0]
+    out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
+              f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
+    if target_share is not None:
+        _print_pairs_for_share(out, head, p, raw, eps_list, delta_total, target_share, tail, n, draws, seed)
+    best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
+    full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
+    if best is not None and full is not None:
+        mode = "release then BoN" if full["p5"] >= best[0] else f"per-query noise ({best[1]})"
+        out.print(f"recommended: {mode} (release at the whole budget: {full['mean']:.3f} on average, "
+                  f"{full['p5']:.3f} at the 5th percentile; per-query at its best {best[0]:.3f})")
+
+
+def _print_pairs_for_share(out, head, p, raw, eps_list, delta_total: float, target_share: float, tail: float, n: int,
+                           draws: int, seed: int) -> None:
+    """``plan --target-share``: per epsilon_w, the fewest preference pairs whose release keeps that
+    share of BoN's lift on average and ``tail`` at the 5th percentile (``release.pairs_for_share``)."""
+    from ..rewards.release import pairs_for_share
+
+    with console.status("sizing the preference data"):
+        for e in eps_list:
+            got = pairs_for_share(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total,
+                                  target_share, tail, n, draws, seed)
+            r = got["result"]
+            if got["pairs"] is None:
+                out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * head.k}"
+                          f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
+                          f"{r['share_p5']:.0%} at the 5th percentile)")
+            else:
+                out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {head.k}) keep "
+                          f"{r['share_mean']:.0%} of the lift on average and {r['share_p5']:.0%} at the 5th "
+                          f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)")
