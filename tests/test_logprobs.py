@@ -65,7 +65,7 @@ def test_a_character_split_across_tokens_keeps_its_bytes():
     """An emoji is three byte-level tokens: each carries its own bytes, spelled bytes:\\xNN, and
     together they are the character; offsets count characters of the answer."""
     from privalign.backends.transformers_backend import TransformersGenerator
-    from privalign.server.http import render_logprobs
+    from privalign.server.replies import render_logprobs
 
     entries = TransformersGenerator("smollm2").token_logprobs(MSGS, "🌱 red", top=2)
     assert entries[0]["token"].startswith("bytes:\\x") and _joined([e["token"] for e in entries]) == "🌱 red"

@@ -52,7 +52,7 @@ def test_service_charges_a_privitp_overrun_in_full(tmp_path, monkeypatch):
     filter's rule), never clamped to epsilon_max; the worst case is reserved on the snapping grid."""
     import dataclasses
 
-    from privalign.server import app as server_app
+    from privalign.server import selection as server_app
     from privalign.server.app import Service, StubGenerator
     from privalign.server.config import ServiceConfig
 

@@ -1,0 +1,100 @@
+"""What the service charges once, not per query, and the guarantee the deployment gives: a released
+head's one-time cost, the reward model's one-time range release (each recorded once in the model
+budget, across restarts and replicas), and the guarantee a person in the preference data gets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+
+from .. import accounting as A
+from ..ledger import BudgetExhausted, Ledger
+from .config import ServiceConfig
+
+
+def charge_release(ledger: Ledger, cfg: ServiceConfig, head, mb: str | None) -> bool:
+    """Record a released head's one-time cost (epsilon_w, delta_w; rho = Delta_r^2 / (2 sigma^2))
+    in the model budget, once per release across restarts and replicas; refuse a second release
+    of the same head into the same model budget, and a released head served any other way."""
+    if not getattr(head, "released", False):
+        raise ValueError(f"[mechanism] name = 'released-bon' needs a released head (privalign rm release), got "
+                         f"the reward model {getattr(head, 'name', type(head).__name__)!r}")
+    if cfg.mechanism.name != "released-bon":
+        raise ValueError(f"a released head serves with [mechanism] name = 'released-bon' (its queries are "
+                         f"post-processing), got {cfg.mechanism.name!r}: per-query noise is for the exact head")
+    if mb is None:
+        raise ValueError("a released head needs a [model_budget], where its one-time cost is recorded once")
+    g = head.release
+    prefix = f"release:{g['head_id']}:"
+    others = {e["request_id"] for e in ledger.events(mb) if e["kind"] == "release"
+              and str(e["request_id"]).startswith(prefix) and e["request_id"] != prefix + head.release_id}
+    if others:
+        raise ValueError(f"head {g['head_id']} was already released into the model budget {mb!r} (release "
+                         f"{sorted(others)[0].split(':')[2]}); releasing it again ({head.release_id}) would "
+                         "spend epsilon_w twice: serve the first release's file")
+    event = A.PrivacyEvent("gaussian-release", float(g["epsilon"]), float(g["delta"]),
+                           rho=(float(g["sensitivity"]) / float(g["sigma"])) ** 2 / 2,
+                           params=(("sensitivity", float(g["sensitivity"])), ("sigma", float(g["sigma"]))))
+    try:
+        return ledger.charge_once(mb, prefix + head.release_id, event)
+    except BudgetExhausted as e:
+        raise ValueError(f"the model budget {mb!r} cannot cover the head's one-time release (epsilon "
+                         f"{g['epsilon']:g}, delta {g['delta']:g}): {e}") from None
+
+
+def charge_range_release(ledger: Ledger, reward, model_budget: str) -> bool:
+    """The reward model's one-time private range release (its ``range_epsilon``), charged once per
+    model into the model budget; False when there is none or it was charged before."""
+    release = float(getattr(reward, "range_epsilon", 0.0) or 0.0)
+    if release <= 0:
+        return False
+    try:
+        return ledger.charge_once(model_budget, f"range-release:{_fingerprint(reward)}",
+                                  A.pure_event(release, "range-release"))
+    except BudgetExhausted as e:
+        raise ValueError(f"the model budget {model_budget!r} cannot cover the reward model's one-time "
+                         f"range release (epsilon {release:g}): {e}") from None
+
+
+def _fingerprint(model) -> str:
+    """A served reward model's identity, for charging its one-time range release once."""
+    w = getattr(model, "w", None)
+    body = json.dumps({"name": getattr(model, "name", None), "range": list(model.output_range),
+                       "w": None if w is None else np.asarray(w, float).round(12).tolist()})
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def guarantee(ledger: Ledger, reward, released: bool, model_budget: str | None) -> dict:
+    """The guarantee a person in the reward model's preference data D gets from the whole
+    deployment: the model budget's, or without one, the sum over every budget."""
+    release = float(getattr(reward, "range_epsilon", 0.0) or 0.0)
+    if released:
+        g = reward.release
+        b = ledger.budget(model_budget)
+        return {"model_budget": b.name, "epsilon": b.total.epsilon, "delta": b.total.delta,
+                "composition": b.composition, "released_head": {
+                    "epsilon": g["epsilon"], "delta": g["delta"], "release_id": reward.release_id,
+                    "query_epsilon": 0.0},
+                "statement": f"the reward model was released once at ({g['epsilon']:g}, {g['delta']:g})-DP, "
+                             f"recorded once in the model budget {b.name!r}; every answer is post-processing of "
+                             "that release and costs 0, so a person in the preference data has "
+                             f"({g['epsilon']:g}, {g['delta']:g})-DP from these answers, however many"}
+    if model_budget:
+        b = ledger.budget(model_budget)
+        return {"model_budget": b.name, "epsilon": b.total.epsilon, "delta": b.total.delta,
+                "composition": b.composition, "range_release_epsilon": release,
+                "statement": f"every answer to every tenant is charged to the model budget {b.name!r} (the "
+                             f"reward model's one-time range release, epsilon {release:g}, included): a person "
+                             f"in the preference data has ({b.total.epsilon:g}, {b.total.delta:g})-DP over "
+                             "the deployment's life"}
+    budgets = [b for b in ledger.budgets()]
+    eps = math.fsum(b.total.epsilon for b in budgets) + release
+    delta = math.fsum(b.total.delta for b in budgets)
+    return {"model_budget": None, "epsilon": eps, "delta": delta, "range_release_epsilon": release,
+            "statement": f"no model budget: the {len(budgets)} budgets' totals add up, so a person in the "
+                         f"preference data has only ({eps:g}, {delta:g})-DP (the sum over all tenants, the "
+                         "range release included), and more with every budget created; configure "
+                         "[model_budget] for one deployment-wide limit"}
