@@ -61,7 +61,7 @@ def smollm2_tokenizer(folder: str | None = None):
     if folder:
         return hf_compat.load_tokenizer(Path(folder))
     from privalign.backends.base import cache_dir, smollm2_gguf
-    from privalign.backends.transformers_backend import _load_gguf_cached
+    from privalign.backends.hf_loading import _load_gguf_cached
 
     gguf = smollm2_gguf()
     target = cache_dir() / "models" / gguf.stem

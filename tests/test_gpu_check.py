@@ -145,7 +145,7 @@ def test_the_embedded_models_cache_is_portable_and_its_tokenizer_right(tmp_path,
 
     from privalign.backends import hf_compat
     from privalign.backends.base import smollm2_gguf
-    from privalign.backends.transformers_backend import _load_gguf_cached
+    from privalign.backends.hf_loading import _load_gguf_cached
 
     monkeypatch.setenv("PRIVALIGN_CACHE", str(tmp_path))
     model, tok = _load_gguf_cached(smollm2_gguf())
