@@ -161,26 +161,30 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
                    f"{verdict(z['met'])}.")
     rel = h.get("release")
     if rel and rel.get("at"):
-        rows = sorted(rel["at"].values(), key=lambda r: r["epsilon_w"])
-        pct = (lambda v: "-" if v is None else f"{num(100 * v)}%")
-        shares = "; ".join(f"{num(r['epsilon_w'])}: {pct(r['share_mean'])} ({pct(r['share_p5'])})" for r in rows)
-        meets = [r for r in rows if r["share_mean"] is not None and r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8]
-        if all(r["share_mean"] is None for r in rows):  # BoN has no lift on the test prompts to keep a share of
-            out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons): BoN with the "
-                       f"exact head has no lift at n = {rel['n']} on the test prompts ({num(rel.get('bon', math.nan))} against "
-                       f"the base policy's {num(rel.get('base', math.nan))}), so the share a release keeps "
-                       f"is not defined; released then BoN, by epsilon_w: "
-                       + "; ".join(f"{num(r['epsilon_w'])}: {num(r['mean'])} ({num(r['p5'])})" for r in rows)
-                       + f". Target >= 90% of the lift: {verdict(False)}.")
-            return out
-        out.append(f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons, k = "
-                   f"{rel['pairs_per_person']} pairs each, delta_w = {num(rel['delta_w'])}), then BoN at n = "
-                   f"{rel['n']}, with every later query free, keeps this share of BoN's lift by epsilon_w (5th "
-                   f"percentile over release draws): {shares}. Target >= 90% on average and >= 80% at the 5th "
-                   f"percentile at some epsilon_w: "
-                   + (f"{verdict(True)} from epsilon_w = {num(meets[0]['epsilon_w'])}." if meets else
-                      f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}."))
+        out.append(_release_sentence(rel, num, verdict, name))
     return out
+
+
+def _release_sentence(rel: dict, num, verdict, name) -> str:
+    """The release's headline sentence: the share of BoN's lift a head released once keeps, by epsilon_w."""
+    rows = sorted(rel["at"].values(), key=lambda r: r["epsilon_w"])
+    pct = (lambda v: "-" if v is None else f"{num(100 * v)}%")
+    shares = "; ".join(f"{num(r['epsilon_w'])}: {pct(r['share_mean'])} ({pct(r['share_p5'])})" for r in rows)
+    meets = [r for r in rows if r["share_mean"] is not None and r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8]
+    if all(r["share_mean"] is None for r in rows):  # BoN has no lift on the test prompts to keep a share of
+        return (f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons): BoN with the "
+                f"exact head has no lift at n = {rel['n']} on the test prompts ({num(rel.get('bon', math.nan))} against "
+                f"the base policy's {num(rel.get('base', math.nan))}), so the share a release keeps "
+                f"is not defined; released then BoN, by epsilon_w: "
+                + "; ".join(f"{num(r['epsilon_w'])}: {num(r['mean'])} ({num(r['p5'])})" for r in rows)
+                + f". Target >= 90% of the lift: {verdict(False)}.")
+    return (f"The head {name(str(rel['name']))} released once (P = {rel['persons']} persons, k = "
+            f"{rel['pairs_per_person']} pairs each, delta_w = {num(rel['delta_w'])}), then BoN at n = "
+            f"{rel['n']}, with every later query free, keeps this share of BoN's lift by epsilon_w (5th "
+            f"percentile over release draws): {shares}. Target >= 90% on average and >= 80% at the 5th "
+            f"percentile at some epsilon_w: "
+            + (f"{verdict(True)} from epsilon_w = {num(meets[0]['epsilon_w'])}." if meets else
+               f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}."))
 
 
 def _verdict(ok) -> str:
@@ -223,16 +227,35 @@ def _audit_section(d: Path) -> str:
 def render_reproduce(d: Path, settings: dict) -> str:
     """The reproduce report: a narrative first screen, then every figure, raw tables collapsed."""
     h = json.loads((d / "headline.json").read_text())
+    items = headline_sentences(h, num=sig3, verdict=_verdict, name=html.escape) + _edge_sentences(h)
+    verdicts = "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
+    p = [f"<!doctype html><html><head><meta charset='utf-8'><title>privalign: private selection on real data</title>"
+         f"<style>{CSS}</style></head><body><h1>Private Best-of-N on real data</h1>"]
+    run = (f"privalign {html.escape(str(settings.get('privalign_version', '?')))}, "
+           f"{html.escape(str(settings.get('created', '?')))}"
+           + (f", <code>{html.escape(settings['command'])}</code>" if settings.get("command") else ""))
+    p.append(f"<p><i>{run}</i></p><h2>Verdicts</h2>{verdicts}")
+    p.append(_what_was_run(h, settings))
+    p.append(_privacy_summary(d, h, settings))
+    p += _figures(d, h)
+    if (d / "audit.json").exists():
+        p.append(_audit_section(d))
+    p += _raw_tables(d, settings)
+    p.append("</body></html>")
+    return "".join(p)
+
+
+def _reward_info(settings: dict) -> tuple[dict, str, dict, dict]:
+    """(the pool's metadata, the selection reward's name, its reward_model_info, its certificate)."""
     pool = settings.get("pool", {})
     meta = pool.get("metadata", {}) if isinstance(pool, dict) else {}
-    ev = settings.get("evaluation", {})
-    reward = ev.get("reward") or meta.get("default_reward")
+    reward = settings.get("evaluation", {}).get("reward") or meta.get("default_reward")
     rm = meta.get("reward_model_info", {}).get(reward, {})
-    cert = rm.get("certificate", {})
-    eps = h.get("target_epsilon", 1.0)
-    n = h.get("n_ref", 16)
-    samp = meta.get("sampling", {})
-    items = headline_sentences(h, num=sig3, verdict=_verdict, name=html.escape)
+    return meta, reward, rm, rm.get("certificate", {})
+
+
+def _edge_sentences(h: dict) -> list[str]:
+    """Tuned values on the edge of their grid, as one sentence (none: [])."""
     edges = []
     for t, per in h.get("edges", {}).items():
         if t == "itp":
@@ -243,16 +266,15 @@ def render_reproduce(d: Path, settings: dict) -> str:
             if c.get("edge"):
                 edges.append(f"{algo} at epsilon {t}: {', '.join(c.get('edge_parameters', []))} "
                              f"(beta = {sig3(c.get('beta'))}, phase-1 fraction = {sig3(c.get('phase1_fraction'))})")
-    if edges:
-        items.append("Tuned values on the edge of their grid (the optimum may lie beyond it): " + "; ".join(edges) + ".")
-    verdicts = "<ul>" + "".join(f"<li>{i}</li>" for i in items) + "</ul>"
-    p = [f"<!doctype html><html><head><meta charset='utf-8'><title>privalign: private selection on real data</title>"
-         f"<style>{CSS}</style></head><body><h1>Private Best-of-N on real data</h1>"]
-    run = (f"privalign {html.escape(str(settings.get('privalign_version', '?')))}, "
-           f"{html.escape(str(settings.get('created', '?')))}"
-           + (f", <code>{html.escape(settings['command'])}</code>" if settings.get("command") else ""))
-    p.append(f"<p><i>{run}</i></p><h2>Verdicts</h2>{verdicts}")
-    p.append(
+    return ["Tuned values on the edge of their grid (the optimum may lie beyond it): " + "; ".join(edges) + "."] if edges else []
+
+
+def _what_was_run(h: dict, settings: dict) -> str:
+    """The policy, the task, the reward model and its certificate, and the held-out / test split."""
+    pool = settings.get("pool", {})
+    meta, reward, rm, cert = _reward_info(settings)
+    samp = meta.get("sampling", {})
+    return (
         f"<p><b>What was run.</b> The policy <b>{html.escape(str(meta.get('base_model', '?')))}</b> answered "
         f"{pool.get('prompts', '?')} prompts of the <b>{html.escape(str(meta.get('task', '?')))}</b> task "
         f"({samp.get('samples', '?')} samples each, temperature {samp.get('temperature', '?')}); a grader marks each "
@@ -269,7 +291,14 @@ def render_reproduce(d: Path, settings: dict) -> str:
            if cert.get("range_epsilon") else "") + ". Tuning used "
         f"{settings.get('heldout_prompts', '?')} held-out prompts; every number below is measured on the other "
         f"{settings.get('test_prompts', '?')} (test) prompts.</p>")
-    # privacy summary
+
+
+def _privacy_summary(d: Path, h: dict, settings: dict) -> str:
+    """Each private method's worst-case epsilon and delta per query, the queries one budget answers
+    under each composition, and its accuracy at n_ref; the one-time range release."""
+    ev = settings.get("evaluation", {})
+    cert = _reward_info(settings)[3]
+    eps, n = h.get("target_epsilon", 1.0), h.get("n_ref", 16)
     rows = []
     summary = read_csv(d / "stream_summary.csv") if (d / "stream_summary.csv").exists() else []
     stream = {(r.get("algorithm") or "privitp", r["composition"]): r for r in summary}
@@ -297,9 +326,15 @@ def render_reproduce(d: Path, settings: dict) -> str:
     if cert.get("range_epsilon"):
         rows.append(f"<tr><td>reward model's output range (released once)</td><td>{sig3(cert['range_epsilon'])} "
                     f"(once, not per query)</td><td>0</td><td>all</td><td></td></tr>")
-    p.append("<h2>Privacy summary</h2><table><thead><tr><th>method</th><th>epsilon per query (worst case)</th>"
-             "<th>delta per query</th><th>queries answered in one total budget</th>"
-             f"<th>accuracy at n = {n} (% of answers right)</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    return ("<h2>Privacy summary</h2><table><thead><tr><th>method</th><th>epsilon per query (worst case)</th>"
+            "<th>delta per query</th><th>queries answered in one total budget</th>"
+            f"<th>accuracy at n = {n} (% of answers right)</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _figures(d: Path, h: dict) -> list[str]:
+    """The headline figure and every other figure the run wrote, each with its caption."""
+    eps, n = h.get("target_epsilon", 1.0), h.get("n_ref", 16)
+    p = []
     base = h.get("base_accuracy")
     p.append("<h2>Headline</h2>")
     if (d / "headline.png").exists():
@@ -328,8 +363,12 @@ def render_reproduce(d: Path, settings: dict) -> str:
              "against reward hacking and is not a privacy parameter.")):
         if (d / f"{fig}.png").exists():
             p.append(f"<h2>{title}</h2>" + _img(d / f"{fig}.png") + f"<p><i>{caption}</i></p>")
-    if (d / "audit.json").exists():
-        p.append(_audit_section(d))
+    return p
+
+
+def _raw_tables(d: Path, settings: dict) -> list[str]:
+    """Every table the run wrote, and the settings, collapsed."""
+    p = []
     p.append("<h2>Raw tables</h2>")
     for name, title in (("summary.csv", "Accuracy versus n (test prompts)"), ("tuning.csv", "Tuning (held-out prompts)"),
                         ("privacy_utility.csv", "Privacy-utility"), ("noise_sweep.csv", "ITP versus PrivITP"),
@@ -340,13 +379,12 @@ def render_reproduce(d: Path, settings: dict) -> str:
         if (d / name).exists():
             p.append(_details(title, _table(read_csv(d / name))))
     p.append(_details("Settings", "<pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre>"))
-    p.append("</body></html>")
-    return "".join(p)
+    return p
 
 
 def render_large_n(d: Path, settings: dict) -> str:
     """The large-n report (``reproduce --large``): the claim per reward model on the first screen."""
-    from ..evaluation.large_n import claim_by_method, claim_sentence
+    from ..evaluation.large_n import claim_sentence
 
     body = json.loads((d / "large_n.json").read_text())
     meta = (settings.get("pool") or {}).get("metadata", {})
@@ -369,6 +407,18 @@ def render_large_n(d: Path, settings: dict) -> str:
              f"n are chosen on the held-out half; every curve and drop is measured on the test half. Private methods "
              f"run at epsilon = {sig3(body['epsilon'])} per query, re-calibrated at each n. A method falls when the "
              f"95% paired bootstrap interval of its drop, from its held-out peak to the largest n, lies above 0.</p>")
+    p.append(_claims_table(body))
+    for sm in body["studies"]:
+        p += _study_section(d, sm)
+    p.append(_details("Every curve point (summary.csv)", _table(read_csv(d / "summary.csv"), None)))
+    p.append("<h2>Settings</h2><pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre></body></html>")
+    return "".join(p)
+
+
+def _claims_table(body: dict) -> str:
+    """One row per reward model: its data, AUC, Delta_r, BoN's peak and drop, and each claim's verdict."""
+    from ..evaluation.large_n import claim_by_method
+
     labels = list(dict.fromkeys(label for sm in body["studies"] for label in sm["private"]))
     cols = ["reward", "trained on", "m", "AUC (test)", "log-prob AUC", "Delta_r", "Delta_r / range",
             "BoN peak n", "BoN drop (95% CI)", *(f"claim: {label}" for label in labels), "claim"]
@@ -383,29 +433,31 @@ def render_large_n(d: Path, settings: dict) -> str:
         t.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                  + "".join(f"<td>{_verdict(by[label]) if label in by else ''}</td>" for label in labels)
                  + f"<td>{_verdict(sm['claim_met'])}</td></tr>")
-    p.append("".join(t) + "</table>")
-    for sm in body["studies"]:
-        fig = d / f"large_n_{sm['reward']}.png"
-        p.append(f"<h2>{html.escape(sm['reward'])}</h2>")
-        if fig.exists():
-            p.append(_img(fig))
-        rows = [{"method": label, "held-out peak n": v["peak_n"], "test peak n": v["test_peak_n"],
-                 f"accuracy at n = {v['last_n']}": v["accuracy_at_last"], "drop (points)": v["drop_points"],
-                 "95% CI": f"{sig3(v['ci'][0])} to {sig3(v['ci'][1])}", "falls": v["falls"],
-                 f"minus BoN at n = {v['last_n']} (points, 95% CI)":
-                     f"{sig3(v['vs_bon_at_last']['points'])} ({sig3(v['vs_bon_at_last']['ci'][0])} to "
-                     f"{sig3(v['vs_bon_at_last']['ci'][1])})"}
-                for label, v in sm["verdicts"].items()]
-        p.append(_table(rows, list(rows[0])))
-        p.append("<p>ITP's beta chosen on held-out prompts at each n: "
-                 + ", ".join(f"n = {k}: {sig3(v)}" for k, v in sm["itp_beta_by_n"].items())
-                 + f" (at n_ref: {sig3(sm['itp_beta_at_n_ref'])}).</p>")
-        if sm.get("capped_by_n"):
-            p.append("<p>Capped PrivITP, chosen on held-out prompts at each n (T, beta, Phase-1 share of the "
-                     "noise) and its fallback rate on the test prompts: "
-                     + ", ".join(f"n = {k}: T = {c['max_rounds']}, beta {sig3(c['beta'])}, split "
-                                 f"{sig3(c['phase1_fraction'])}, fallback {sig3(c.get('test_fallback'))}"
-                                 for k, c in sm["capped_by_n"].items()) + ".</p>")
-    p.append(_details("Every curve point (summary.csv)", _table(read_csv(d / "summary.csv"), None)))
-    p.append("<h2>Settings</h2><pre>" + html.escape(json.dumps(settings, indent=2)) + "</pre></body></html>")
-    return "".join(p)
+    return "".join(t) + "</table>"
+
+
+def _study_section(d: Path, sm: dict) -> list[str]:
+    """A reward model's figure, its verdict per method, ITP's beta and capped PrivITP's settings by n."""
+    p = []
+    fig = d / f"large_n_{sm['reward']}.png"
+    p.append(f"<h2>{html.escape(sm['reward'])}</h2>")
+    if fig.exists():
+        p.append(_img(fig))
+    rows = [{"method": label, "held-out peak n": v["peak_n"], "test peak n": v["test_peak_n"],
+             f"accuracy at n = {v['last_n']}": v["accuracy_at_last"], "drop (points)": v["drop_points"],
+             "95% CI": f"{sig3(v['ci'][0])} to {sig3(v['ci'][1])}", "falls": v["falls"],
+             f"minus BoN at n = {v['last_n']} (points, 95% CI)":
+                 f"{sig3(v['vs_bon_at_last']['points'])} ({sig3(v['vs_bon_at_last']['ci'][0])} to "
+                 f"{sig3(v['vs_bon_at_last']['ci'][1])})"}
+            for label, v in sm["verdicts"].items()]
+    p.append(_table(rows, list(rows[0])))
+    p.append("<p>ITP's beta chosen on held-out prompts at each n: "
+             + ", ".join(f"n = {k}: {sig3(v)}" for k, v in sm["itp_beta_by_n"].items())
+             + f" (at n_ref: {sig3(sm['itp_beta_at_n_ref'])}).</p>")
+    if sm.get("capped_by_n"):
+        p.append("<p>Capped PrivITP, chosen on held-out prompts at each n (T, beta, Phase-1 share of the "
+                 "noise) and its fallback rate on the test prompts: "
+                 + ", ".join(f"n = {k}: T = {c['max_rounds']}, beta {sig3(c['beta'])}, split "
+                             f"{sig3(c['phase1_fraction'])}, fallback {sig3(c.get('test_fallback'))}"
+                             for k, c in sm["capped_by_n"].items()) + ".</p>")
+    return p
