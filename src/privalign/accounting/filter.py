@@ -160,6 +160,22 @@ class Charge:
     rho: float
 
 
+def query_request(zcdp: bool, epsilon_max, delta, rho, event):
+    """A query's worst case checked, as (epsilon_max, delta, rho, event): from ``event`` when given;
+    under zcdp its rho (``query_rho``: epsilon^2 / 2 for a pure query without one)."""
+    if event is not None:
+        epsilon_max, delta, rho = event.epsilon, event.delta, event.rho
+    epsilon_max, delta = check_nonnegative("epsilon_max", epsilon_max), check_nonnegative("delta", delta)
+    if zcdp:
+        rho = query_rho(epsilon_max, delta, rho)
+    elif rho is not None:
+        rho = check_rho(rho)
+    if event is None:
+        event = (pure_event(epsilon_max, "query") if delta == 0 and rho is None else
+                 PrivacyEvent("query", epsilon_max, delta, rho, (("epsilon_max", epsilon_max), ("delta", delta))))
+    return epsilon_max, delta, rho, event
+
+
 class PrivacyFilter:
     """In-memory privacy filter over one budget (thread-safe).
 
@@ -244,17 +260,7 @@ class PrivacyFilter:
                            max(self.total.delta - self._spent.delta - res.delta, 0.0))
 
     def _request(self, epsilon_max, delta, rho, event):
-        if event is not None:
-            epsilon_max, delta, rho = event.epsilon, event.delta, event.rho
-        epsilon_max, delta = check_nonnegative("epsilon_max", epsilon_max), check_nonnegative("delta", delta)
-        if self.zcdp:
-            rho = query_rho(epsilon_max, delta, rho)
-        elif rho is not None:
-            rho = check_rho(rho)
-        if event is None:
-            event = (pure_event(epsilon_max, "query") if delta == 0 and rho is None else
-                     PrivacyEvent("query", epsilon_max, delta, rho, (("epsilon_max", epsilon_max), ("delta", delta))))
-        return epsilon_max, delta, rho, event
+        return query_request(self.zcdp, epsilon_max, delta, rho, event)
 
     def _fits(self, epsilon_max, delta, rho) -> bool:
         if self.zcdp:

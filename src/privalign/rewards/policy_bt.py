@@ -435,25 +435,54 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     fit_p, val_p = split_train_prompts(pid, proc["fit_fraction"], proc["seed"])
     sel_fit, sel_score = split_train_prompts(sorted(val_p), proc["select_fraction"], proc["seed"] + 1)
     data = preference_data(pid, y, fit_p, proc)
-    ci, ri = data.chosen, data.rejected
-    if ci.size == 0:
+    if data.chosen.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
     si, sr = preference_rows(pid, y, sel_fit, proc["pairs_per_prompt"], proc["seed"])
     if si.size == 0:
         raise ValueError("no selection pair: no validation prompt of the selection-fit half has both a correct and "
                          "an incorrect sample (more train prompts, or a larger select_fraction)")
-    m, g_tol = data.m, proc["g_tol"]
-    k = proc["pairs_per_person"]
     release = proc["objective"] == "release"
     if release and not proc["release_delta"] < 1 / data.persons:
         raise ValueError(f"release_delta must lie in (0, 1/P) = (0, {1 / data.persons:.3g}) for P = {data.persons} "
                          f"persons, got {proc['release_delta']!r}")
+    sel_norm = None
     if release:  # candidates mimic the final head: k pairs per person, the loss normalised by P_sel k
-        keep = bound_per_person(pid[si], k, proc["seed"])
+        keep = bound_per_person(pid[si], proc["pairs_per_person"], proc["seed"])
         si, sr = si[keep], sr[keep]
-        sel_norm = len(sel_fit) * k
-    is_val = np.isin(pid, list(val_p))
-    is_sc = np.isin(pid, list(sel_score))
+        sel_norm = len(sel_fit) * proc["pairs_per_person"]
+    is_val, is_sc = np.isin(pid, list(val_p)), np.isin(pid, list(sel_score))
+    row, fmap, grid = _choose_settings(raw, pid, y, is_val, is_sc, si, sr, data.m, sel_norm, proc)
+    # the final head: D, once, with the settings chosen above
+    phi = fmap(raw)
+    d = _edited(phi[data.chosen] - phi[data.rejected], edit, data.m, fmap.dim)
+    w, g = fit_bt(d, row["lambda"], proc["g_tol"], normalizer=data.m)
+    sizes = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p),
+             "selection_fit_prompts": len(sel_fit), "selection_score_prompts": len(sel_score),
+             "selection_pairs": int(si.size)}
+    public = _public_record(row, proc, sizes, raw[is_sc, -1], y[is_sc], pid[is_sc])
+    private = _private_record(phi[is_val] @ w, y[is_val], pid[is_val], d, w, g, row, data, proc)
+    return Trained(row["components"], row["c"], row["lambda"], fmap, w, data.m, grid, public, private, data)
+
+
+def _private_record(s_val, y_val, pid_val, d, w, g, row: dict, data, proc: dict) -> dict:
+    """Diagnostics that read D (kept in the operator's file only): the final head on the validation
+    prompts, its accuracy on its own pairs, the achieved gradient norm, the pairs used and dropped."""
+    sens = certified_sensitivity(data.m, row["lambda"], proc["pairs_per_person"], proc["g_tol"])
+    return {"val_auc": within_prompt_auc(s_val, y_val, pid_val),
+            "val_privbon_accuracy": softmax_selection_accuracy(s_val, y_val, pid_val, 2 * sens / proc["target_epsilon"],
+                                                               proc["n_select"], seed=proc["seed"]),
+            "train_pair_accuracy": float(np.mean(d @ w > 0)), "achieved_grad_norm": g,
+            "pairs": int(data.chosen.size), "pairs_dropped_beyond_k": data.dropped,
+            "weight_norm": float(np.linalg.norm(w))}
+
+
+def _choose_settings(raw, pid, y, is_val, is_sc, si, sr, m: int, sel_norm, proc: dict):
+    """Step 2 of ``train_procedure``, on the validation prompts only: every (q, c, L) feature map,
+    every lambda's candidate head on the selection pairs ``si``/``sr``, scored on the selection-score
+    prompts ``is_sc``. Returns (the best row, its feature map, every row)."""
+    release = proc["objective"] == "release"
+    k, g_tol = proc["pairs_per_person"], proc["g_tol"]
+
     def rank(row):  # release: the 5th percentile, then the mean; else PrivBoN at target_epsilon
         return (row["selection_release_p5"], row["selection_release_mean"]) if release else \
             (row["selection_privbon_accuracy"],)
@@ -466,54 +495,53 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
                 d_sel = fmap(raw[si]) - fmap(raw[sr])
                 phi_sc = fmap(raw[is_sc])
                 for lam in proc["lambdas"]:
-                    w, _ = fit_bt(d_sel, lam, g_tol, normalizer=sel_norm if release else None)
-                    s = phi_sc @ w
-                    sens = certified_sensitivity(m, lam, k, g_tol)
-                    row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "sensitivity": sens,
-                           "range_width": 2 * bt_output_range(lam, g_tol)[1],
-                           "selection_auc": within_prompt_auc(s, y[is_sc], pid[is_sc]),
-                           "selection_privbon_accuracy": softmax_selection_accuracy(
-                               s, y[is_sc], pid[is_sc], 2 * sens / proc["target_epsilon"], proc["n_select"],
-                               seed=proc["seed"]),
-                           "selection_bon_accuracy": softmax_selection_accuracy(
-                               s, y[is_sc], pid[is_sc], 1e-9, proc["n_select"], seed=proc["seed"])}
+                    w, _ = fit_bt(d_sel, lam, g_tol, normalizer=sel_norm)
+                    row = _candidate_row(phi_sc @ w, q, c, lp_clip, lam, certified_sensitivity(m, lam, k, g_tol),
+                                         y[is_sc], pid[is_sc], proc)
                     if release:
-                        row.update(_release_score(phi_sc, w, sens, y[is_sc], pid[is_sc], proc))
+                        row.update(_release_score(phi_sc, w, row["sensitivity"], y[is_sc], pid[is_sc], proc))
                     grid.append(row)
                     if best is None or rank(row) > rank(best[0]):
                         best = (row, fmap)
-    row, fmap = best
-    # the final head: D, once, with the settings chosen above
-    phi = fmap(raw)
-    d = phi[ci] - phi[ri]
-    if edit is not None:
-        n_pairs = d.shape[0]
-        d = np.asarray(edit(d), float)
-        if d.ndim != 2 or d.shape[1] != fmap.dim or not 0 < d.shape[0] <= m:
-            raise ValueError(f"edit must return between 1 and m = {m} pairs of dimension {fmap.dim} (D has "
-                             f"{n_pairs}), got shape {d.shape}")
-    w, g = fit_bt(d, row["lambda"], g_tol, normalizer=m)
+    return best[0], best[1], grid
+
+
+def _candidate_row(s, q, c, lp_clip, lam, sens, y, pid, proc: dict) -> dict:
+    """A candidate head's scores ``s`` on the selection-score prompts: AUC, and the accuracy of
+    Gumbel PrivBoN at target_epsilon (noise at the final head's Delta_r ``sens``) and of BoN."""
+    return {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "sensitivity": sens,
+            "range_width": 2 * bt_output_range(lam, proc["g_tol"])[1],
+            "selection_auc": within_prompt_auc(s, y, pid),
+            "selection_privbon_accuracy": softmax_selection_accuracy(
+                s, y, pid, 2 * sens / proc["target_epsilon"], proc["n_select"], seed=proc["seed"]),
+            "selection_bon_accuracy": softmax_selection_accuracy(s, y, pid, 1e-9, proc["n_select"], seed=proc["seed"])}
+
+
+def _edited(d: np.ndarray, edit, m: int, dim: int) -> np.ndarray:
+    """D's preference differences, or ``edit(d)`` (a neighbour's, for tests and the audit) checked."""
+    if edit is None:
+        return d
+    n_pairs = d.shape[0]
+    d = np.asarray(edit(d), float)
+    if d.ndim != 2 or d.shape[1] != dim or not 0 < d.shape[0] <= m:
+        raise ValueError(f"edit must return between 1 and m = {m} pairs of dimension {dim} (D has "
+                         f"{n_pairs}), got shape {d.shape}")
+    return d
+
+
+def _public_record(row: dict, proc: dict, sizes: dict, logprob_sc, y_sc, pid_sc) -> dict:
+    """What the model file may say about the procedure: the split's sizes, the chosen settings and
+    their validation scores, and whether a choice lies on its grid's edge (nothing read from D)."""
     grids = {"q": proc["components"], "c": proc["cs"], "lp_clip": proc["lp_clips"], "lambda": proc["lambdas"]}
     chosen = {"q": row["components"], "c": row["c"], "lp_clip": row["lp_clip"], "lambda": row["lambda"]}
-    public = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p), "selection_fit_prompts": len(sel_fit),
-              "selection_score_prompts": len(sel_score), "selection_pairs": int(si.size),
-              "components": row["components"], "c": row["c"], "lp_clip": row["lp_clip"],
-              "selection_auc": row["selection_auc"], "selection_privbon_accuracy": row["selection_privbon_accuracy"],
-              "selection_bon_accuracy": row["selection_bon_accuracy"],
-              **({name: row[name] for name in RELEASE_SCORES} if release else {}),
-              "selection_logprob_auc": within_prompt_auc(raw[is_sc, -1], y[is_sc], pid[is_sc]),
-              "selection_base_accuracy": float(y[is_sc].mean()),
-              "on_grid_edge": [n for n, v in chosen.items() if len(grids[n]) > 1 and v in (min(grids[n]), max(grids[n]))],
-              "procedure": {key: list(v) if isinstance(v, tuple) else v for key, v in proc.items()}}
-    s_val = phi[is_val] @ w
-    private = {"val_auc": within_prompt_auc(s_val, y[is_val], pid[is_val]),
-               "val_privbon_accuracy": softmax_selection_accuracy(
-                   s_val, y[is_val], pid[is_val], 2 * certified_sensitivity(m, row["lambda"], k, g_tol)
-                   / proc["target_epsilon"], proc["n_select"], seed=proc["seed"]),
-               "train_pair_accuracy": float(np.mean(d @ w > 0)), "achieved_grad_norm": g,
-               "pairs": int(ci.size), "pairs_dropped_beyond_k": data.dropped,
-               "weight_norm": float(np.linalg.norm(w))}
-    return Trained(row["components"], row["c"], row["lambda"], fmap, w, m, grid, public, private, data)
+    return {**sizes, "components": row["components"], "c": row["c"], "lp_clip": row["lp_clip"],
+            "selection_auc": row["selection_auc"], "selection_privbon_accuracy": row["selection_privbon_accuracy"],
+            "selection_bon_accuracy": row["selection_bon_accuracy"],
+            **({name: row[name] for name in RELEASE_SCORES} if proc["objective"] == "release" else {}),
+            "selection_logprob_auc": within_prompt_auc(logprob_sc, y_sc, pid_sc),
+            "selection_base_accuracy": float(y_sc.mean()),
+            "on_grid_edge": [n for n, v in chosen.items() if len(grids[n]) > 1 and v in (min(grids[n]), max(grids[n]))],
+            "procedure": {key: list(v) if isinstance(v, tuple) else v for key, v in proc.items()}}
 
 
 def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = None, base_model: str = "smollm2",

@@ -139,6 +139,24 @@ def shown(x: float) -> float:
     return float(f"{x:.12g}") if math.isfinite(x) else x
 
 
+def response_body(request_id, o, chosen, sel, generated, usage, token_lp, charged, cost, state) -> dict:
+    """The answer and its ``privalign`` block: what was charged, and what the budget has left."""
+    # usage: the prompt once, and every candidate generated for this answer (what the backend produced)
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage,
+            "logprobs": token_lp, "privalign": {
+        "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"],
+        **({"max_rounds": o["max_rounds"]} if "max_rounds" in o else {}), "candidates_generated": generated,
+        "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
+        "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
+        "rho": None if o["event"].rho is None else shown(o["event"].rho),
+        **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"])), "accounting": ZCDP_NOTE}
+           if state.zcdp else {}),
+        "composition": state.composition, "budget": o["budget"],
+        "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
+                             **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
+
+
 class Service:
     """Everything but HTTP: usable directly, and wrapped by ``create_app``."""
 
@@ -214,24 +232,6 @@ class Service:
     @property
     def _pending(self) -> set:
         return self.settlement.pending
-
-    @staticmethod
-    def _response(request_id, o, chosen, sel, generated, usage, token_lp, charged, cost, state) -> dict:
-        """The answer and its ``privalign`` block: what was charged, and what the budget has left."""
-        # usage: the prompt once, and every candidate generated for this answer (what the backend produced)
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage,
-                "logprobs": token_lp, "privalign": {
-            "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"],
-            **({"max_rounds": o["max_rounds"]} if "max_rounds" in o else {}), "candidates_generated": generated,
-            "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
-            "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
-            "rho": None if o["event"].rho is None else shown(o["event"].rho),
-            **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"])), "accounting": ZCDP_NOTE}
-               if state.zcdp else {}),
-            "composition": state.composition, "budget": o["budget"],
-            "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
-                                 **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
 
     @property
     def backend_calls(self) -> int:
@@ -344,4 +344,4 @@ class Service:
         epsilon.inc(charged)
         self.metrics.candidates.inc(generated)
         self.metrics.latency.observe(time.perf_counter() - t0)
-        return self._response(request_id, o, chosen, sel, generated, usage, token_lp, charged, cost, state)
+        return response_body(request_id, o, chosen, sel, generated, usage, token_lp, charged, cost, state)
