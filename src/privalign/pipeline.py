@@ -67,40 +67,9 @@ def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *
         progress(stats)
     for k in range(n_shards):
         path = _shard_path(shards, k)
-        if path.exists():
-            continue
-        rows: dict[str, list] = {c: [] for c in ("prompt_id", "sample_id", "prompt", "response", "answer",
-                                                 "true_reward", "logprob", "n_tokens", "reward:logprob")}
-        feats: list = []
-        for i in range(k * shard_size, min((k + 1) * shard_size, len(problems))):
-            p = problems[i]
-            t0 = time.perf_counter()
-            gens = generator.generate(task.messages(p), samples, max_new_tokens=max_new, temperature=temperature,
-                                      seed=_prompt_seed(seed, i), **({"features": True} if features else {}))
-            stats["gen_seconds"] += time.perf_counter() - t0
-            for j, g in enumerate(gens):
-                rows["prompt_id"].append(p.id)
-                rows["sample_id"].append(j)
-                rows["prompt"].append(p.question)
-                rows["response"].append(g.text)
-                rows["answer"].append(task.extract(g.text))
-                rows["true_reward"].append(task.grade(g.text, p))
-                rows["logprob"].append(g.logprob)
-                rows["n_tokens"].append(g.n_tokens)
-                # mean token log-probability: the base model's own confidence, a reward-free proxy
-                rows["reward:logprob"].append(g.logprob / max(g.n_tokens, 1) if g.logprob is not None else None)
-                stats["tokens"] += g.n_tokens
-                if features:
-                    feats.append(g.features)
-            stats["samples"] += len(gens)
-            stats["prompts_done"] += 1
-            if progress:
-                progress(stats)
-        cols = {c: np.array(v, dtype=object if c in ("prompt_id", "prompt", "response", "answer") else None)
-                for c, v in rows.items()}
-        if features:
-            save_features(features_path(path), np.stack(feats), cols["prompt_id"], cols["sample_id"])
-        Pool(cols, {}).save(path)  # atomic: temporary file, then rename (after its features)
+        if not path.exists():
+            _write_shard(path, task, problems[k * shard_size:(k + 1) * shard_size], k * shard_size, generator,
+                         samples, max_new, temperature, seed, features, stats, progress)
     meta = {"task": task.name, "split": split, "base_model": generator.name, "reward_models": ["logprob"],
             "default_reward": "logprob", "true_reward_source": "grader",
             "sampling": {"samples": samples, "temperature": temperature, "max_new_tokens": max_new, "seed": seed,
@@ -119,6 +88,43 @@ def generate_pool(task: Task, problems, generator: Generator, out: str | Path, *
     pool.save(out)
     shutil.rmtree(shards)
     return pool
+
+
+def _write_shard(path: Path, task: Task, chunk, first: int, generator: Generator, samples: int, max_new: int,
+                 temperature: float, seed: int, features: bool, stats: dict, progress: Progress | None) -> None:
+    """Sample and grade ``samples`` responses to each problem of ``chunk`` (problem ``first + i``
+    seeded from (seed, first + i)), and write them as one shard (its features beside it)."""
+    rows: dict[str, list] = {c: [] for c in ("prompt_id", "sample_id", "prompt", "response", "answer",
+                                             "true_reward", "logprob", "n_tokens", "reward:logprob")}
+    feats: list = []
+    for i, p in enumerate(chunk, start=first):
+        t0 = time.perf_counter()
+        gens = generator.generate(task.messages(p), samples, max_new_tokens=max_new, temperature=temperature,
+                                  seed=_prompt_seed(seed, i), **({"features": True} if features else {}))
+        stats["gen_seconds"] += time.perf_counter() - t0
+        for j, g in enumerate(gens):
+            rows["prompt_id"].append(p.id)
+            rows["sample_id"].append(j)
+            rows["prompt"].append(p.question)
+            rows["response"].append(g.text)
+            rows["answer"].append(task.extract(g.text))
+            rows["true_reward"].append(task.grade(g.text, p))
+            rows["logprob"].append(g.logprob)
+            rows["n_tokens"].append(g.n_tokens)
+            # mean token log-probability: the base model's own confidence, a reward-free proxy
+            rows["reward:logprob"].append(g.logprob / max(g.n_tokens, 1) if g.logprob is not None else None)
+            stats["tokens"] += g.n_tokens
+            if features:
+                feats.append(g.features)
+        stats["samples"] += len(gens)
+        stats["prompts_done"] += 1
+        if progress:
+            progress(stats)
+    cols = {c: np.array(v, dtype=object if c in ("prompt_id", "prompt", "response", "answer") else None)
+            for c, v in rows.items()}
+    if features:
+        save_features(features_path(path), np.stack(feats), cols["prompt_id"], cols["sample_id"])
+    Pool(cols, {}).save(path)  # atomic: temporary file, then rename (after its features)
 
 
 def features_path(pool_path: str | Path) -> Path:

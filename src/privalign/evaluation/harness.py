@@ -238,32 +238,42 @@ def _per_prompt(prep: PreparedPool, x: np.ndarray, vals: np.ndarray, base: np.nd
         halting, fallback = t.mean(), fb.mean()
         out[6] = math.inf
     elif algo == "privitp":
-        lam = laws.lambda_rows(xc, s.beta, lam_start)
-        lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
-        idx2_full = None if s.replace else _draw(rng, S, M_, T, False)
-        # Psi at the acceptance integral's lower end depends on the candidate only: tabulated over
-        # the pool when the replicates may examine more candidates than it has
-        table = laws.privitp_lower(x, s.sz, prep.r_max, L) if M_ * T >= 2 * S else None
-
-        def privitp_chunk(a, b, live):  # the second batch is drawn lazily, as the mechanism generates it
-            i2 = (rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b])[live]
-            return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L,
-                                                    None if table is None else table[i2])
-
-        parts, law_parts, fb, t = laws.sequential_lazy(T, M_, privitp_chunk)  # Phase 2: T rounds at most
-        ev = expectation(parts, law_parts, fb.sum())
-        halting, fallback = t.mean(), fb.mean()
-        out[6] = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta)
-        record = (lam_t, t - fb * (T + 1), fb, T, L)
-        if pending is None:
-            out[6] += _privitp_epsilon2(prep, s, [record])[0].mean()
-        else:  # the caller adds E[epsilon_2] for every n of the prompt at once
-            pending.append(record)
+        ev, halting, fallback, out[6] = _privitp_law(prep, x, xc, s, rng, T, L, delta_r, expectation, pending, lam_start)
     out[:4] = ev
     out[4] = ev[1] - ev[0]
     out[5] = halting
     out[7] = fallback
     return out
+
+
+def _privitp_law(prep: PreparedPool, x, xc, s: EvalSettings, rng, T: int, L, delta_r: float, expectation,
+                 pending: list | None, lam_start):
+    """PrivITP's exact law over the replicates of one (prompt, n): Phase 1's noisy threshold drawn
+    once per replicate, Phase 2's T rounds drawn lazily (``laws.sequential_lazy``). Returns (the
+    expected metrics, mean halting time, fallback rate, epsilon: Phase 1's, plus E[epsilon_2]
+    unless the record is left in ``pending`` for the caller)."""
+    M_, S = s.replicates, x.size
+    lam = laws.lambda_rows(xc, s.beta, lam_start)
+    lam_t = np.clip(lam + s.sx * rng.standard_normal(M_), -s.beta, prep.r_max)  # one draw per replicate
+    idx2_full = None if s.replace else _draw(rng, S, M_, T, False)
+    # Psi at the acceptance integral's lower end depends on the candidate only: tabulated over
+    # the pool when the replicates may examine more candidates than it has
+    table = laws.privitp_lower(x, s.sz, prep.r_max, L) if M_ * T >= 2 * S else None
+
+    def privitp_chunk(a, b, live):  # the second batch is drawn lazily, as the mechanism generates it
+        i2 = (rng.integers(0, S, size=(M_, b - a)) if s.replace else idx2_full[:, a:b])[live]
+        return i2, laws.privitp_acceptance_rows(x[i2], lam_t[live], s.sz, prep.r_max, L,
+                                                None if table is None else table[i2])
+
+    parts, law_parts, fb, t = laws.sequential_lazy(T, M_, privitp_chunk)  # Phase 2: T rounds at most
+    ev = expectation(parts, law_parts, fb.sum())
+    eps = A.gaussian_mechanism_epsilon(s.sx, delta_r, s.delta)
+    record = (lam_t, t - fb * (T + 1), fb, T, L)
+    if pending is None:
+        eps += _privitp_epsilon2(prep, s, [record])[0].mean()
+    else:  # the caller adds E[epsilon_2] for every n of the prompt at once
+        pending.append(record)
+    return ev, t.mean(), fb.mean(), eps
 
 
 def _privitp_epsilon2(prep: PreparedPool, s: EvalSettings, records) -> list[np.ndarray]:

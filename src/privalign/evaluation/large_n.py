@@ -101,45 +101,10 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
                 _, acc, base_acc = P._accuracy(sub, st)
                 out.append(P._row(label, algo, eps if eps is not None else math.inf, n, acc, base_acc, st, s.seed))
                 per[(split, label, n)] = acc
-    # ITP at its own best beta at every n, chosen on the held-out prompts
-    itp_beta = {}
-    for n in grid:
-        best = None
-        for beta in beta_grid:
-            st = replace(s, algorithms=("itp",), n_grid=(n,), beta=beta)
-            _, acc_h, base_h = P._accuracy(held, st)
-            if best is None or acc_h.mean() > best[0]:
-                best = (acc_h.mean(), beta, acc_h, base_h)
-        itp_beta[n] = best[1]
-        st = replace(s, algorithms=("itp",), n_grid=(n,), beta=best[1])
-        _, acc, base_acc = P._accuracy(test, st)
-        rows.append(P._row(ITP_BEST, "itp", math.inf, n, acc, base_acc, st, s.seed))
-        held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], best[3], st, s.seed))
-        per[("test", ITP_BEST, n)], per[("heldout", ITP_BEST, n)] = acc, best[2]
-    # capped PrivITP: (T, beta, phase split) chosen on the held-out prompts at every n
-    capped_label, capped = f"{CAPPED} eps={epsilon:g}", {}
-    for n in grid:
-        c, st, r_held = tune_capped(held, s, epsilon, n, beta_grid, rounds_grid)
-        r_test = evaluate(test, st)
-        c["test_fallback"] = float(r_test.per_prompt[0, 0, :, FALLBACK].mean())
-        capped[str(n)] = c
-        for split, r, out, fb in (("test", r_test, rows, c["test_fallback"]),
-                                  ("heldout", r_held, held_rows, c["heldout_fallback"])):
-            acc = r.per_prompt[0, 0, :, 0]
-            out.append({**P._row(capped_label, "privitp", epsilon, n, acc, r.base[:, 0], st, s.seed),
-                        "max_rounds": c["max_rounds"], "fallback": fb})
-            per[(split, capped_label, n)] = acc
+    itp_beta = _itp_at_best_beta(held, test, s, grid, beta_grid, rows, held_rows, per)
+    capped = _capped_privitp(held, test, s, epsilon, grid, beta_grid, rounds_grid, rows, held_rows, per)
     last = grid[-1]
-    verdicts = {}
-    for label in dict.fromkeys(r["method"] for r in rows):
-        held_mean = {n: per[("heldout", label, n)].mean() for n in grid}
-        peak = max(grid, key=lambda n: (held_mean[n], -n))  # ties: the smaller n
-        test_by_n = {n: per[("test", label, n)] for n in grid}
-        test_peak = max(grid, key=lambda n: (test_by_n[n].mean(), -n))
-        gap = 100.0 * (test_by_n[last] - per[("test", P.LABELS["bon"], last)])  # paired, per test prompt
-        verdicts[label] = {**_drop(test_by_n, peak, last, s.seed), "test_peak_n": int(test_peak),
-                           "accuracy_at_last": float(test_by_n[last].mean()),
-                           "vs_bon_at_last": {"points": float(gap.mean()), "ci": list(P.bootstrap_ci(gap, seed=s.seed))}}
+    verdicts = _verdicts(rows, per, grid, s.seed)
     bon = verdicts[P.LABELS["bon"]]
     private = {label: v for label, v in verdicts.items() if label.startswith(("PrivBoN (Gumbel)", "PrivITP"))}
     judged = [v for label, v in private.items() if label.startswith(("PrivBoN (Gumbel)", CAPPED))]
@@ -157,6 +122,62 @@ def study(pool: Pool, reward: str, base: EvalSettings | None = None, *, epsilon:
         "claim_met": bool(bon["falls"] and judged and not any(v["falls"] for v in judged)),
     }
     return {"reward": s.reward, "rows": rows, "held_rows": held_rows, "summary": summary}
+
+
+def _itp_at_best_beta(held, test, s: EvalSettings, grid, beta_grid, rows: list, held_rows: list, per: dict) -> dict:
+    """ITP at its own best beta at every n, chosen on the held-out prompts; appends its curve rows
+    and per-prompt accuracies, and returns the beta chosen at each n."""
+    itp_beta = {}
+    for n in grid:
+        best = None
+        for beta in beta_grid:
+            st = replace(s, algorithms=("itp",), n_grid=(n,), beta=beta)
+            _, acc_h, base_h = P._accuracy(held, st)
+            if best is None or acc_h.mean() > best[0]:
+                best = (acc_h.mean(), beta, acc_h, base_h)
+        itp_beta[n] = best[1]
+        st = replace(s, algorithms=("itp",), n_grid=(n,), beta=best[1])
+        _, acc, base_acc = P._accuracy(test, st)
+        rows.append(P._row(ITP_BEST, "itp", math.inf, n, acc, base_acc, st, s.seed))
+        held_rows.append(P._row(ITP_BEST, "itp", math.inf, n, best[2], best[3], st, s.seed))
+        per[("test", ITP_BEST, n)], per[("heldout", ITP_BEST, n)] = acc, best[2]
+    return itp_beta
+
+
+def _capped_privitp(held, test, s: EvalSettings, epsilon: float, grid, beta_grid, rounds_grid, rows: list,
+                    held_rows: list, per: dict) -> dict:
+    """Capped PrivITP with (T, beta, phase split) chosen on the held-out prompts at every n; appends
+    its curve rows and per-prompt accuracies, and returns the choice (with its fallback rates) by n."""
+    capped_label, capped = f"{CAPPED} eps={epsilon:g}", {}
+    for n in grid:
+        c, st, r_held = tune_capped(held, s, epsilon, n, beta_grid, rounds_grid)
+        r_test = evaluate(test, st)
+        c["test_fallback"] = float(r_test.per_prompt[0, 0, :, FALLBACK].mean())
+        capped[str(n)] = c
+        for split, r, out, fb in (("test", r_test, rows, c["test_fallback"]),
+                                  ("heldout", r_held, held_rows, c["heldout_fallback"])):
+            acc = r.per_prompt[0, 0, :, 0]
+            out.append({**P._row(capped_label, "privitp", epsilon, n, acc, r.base[:, 0], st, s.seed),
+                        "max_rounds": c["max_rounds"], "fallback": fb})
+            per[(split, capped_label, n)] = acc
+    return capped
+
+
+def _verdicts(rows: list, per: dict, grid, seed: int) -> dict:
+    """Per method: its held-out peak n, the drop from there to the largest n on the test prompts
+    (``_drop``), its test peak, and its paired difference from BoN at the largest n."""
+    last = grid[-1]
+    verdicts = {}
+    for label in dict.fromkeys(r["method"] for r in rows):
+        held_mean = {n: per[("heldout", label, n)].mean() for n in grid}
+        peak = max(grid, key=lambda n: (held_mean[n], -n))  # ties: the smaller n
+        test_by_n = {n: per[("test", label, n)] for n in grid}
+        test_peak = max(grid, key=lambda n: (test_by_n[n].mean(), -n))
+        gap = 100.0 * (test_by_n[last] - per[("test", P.LABELS["bon"], last)])  # paired, per test prompt
+        verdicts[label] = {**_drop(test_by_n, peak, last, seed), "test_peak_n": int(test_peak),
+                           "accuracy_at_last": float(test_by_n[last].mean()),
+                           "vs_bon_at_last": {"points": float(gap.mean()), "ci": list(P.bootstrap_ci(gap, seed=seed))}}
+    return verdicts
 
 
 def claim_sentence(sm: dict, num=lambda v: f"{v:.3g}") -> str:
