@@ -43,9 +43,7 @@ def load_policy(model: str = "smollm2", **options):
     """The policy a policy-bt head featurizes with (``rewards.policy_bt.PolicyFeaturizer``): a
     ``TransformersGenerator`` of ``model`` with ``options`` (dtype, device, batch_size):
     ``pipeline.load_reward`` passes it to ``rewards.reward_from_spec(policy_loader=)``."""
-    from .transformers_backend import TransformersGenerator
-
-    return TransformersGenerator(model, **options)
+    return make_generator("transformers", model, **options)
 
 
 __all__ = ["BACKENDS", "BackendError", "Generation", "Generator", "load_policy", "make_generator"]
