@@ -344,8 +344,41 @@ def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
                               "--release-epsilon", "0.3", "--draws", "10", "--n", "8", "--target-share", "0.9"])
     out = " ".join(res.output.split())
     assert res.exit_code == 0 and "epsilon_w 0.3:" in out and ("pairs (" in out or "do not keep" in out), res.output
+    assert "with its own" in out and ("the smallest epsilon_w that keeps 90% / 80%" in out or "not even epsilon_w"
+                                      in out or "no lift" in out), res.output
     res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--epsilon", "0.1", "--model", str(tmp_path / "rm.json")])
     assert res.exit_code == 2 and "--model needs --pool" in " ".join(res.output.split())
+
+
+def test_plan_reads_a_shipped_pools_head_coordinates_when_it_has_no_recorded_features():
+    """From a clean clone: the shipped counting pool carries its person head's phi, so plan --model
+    needs no featurize; its release row is release_accuracy's on those coordinates. A head whose
+    coordinates the pool lacks is named in one line."""
+    from privalign.rewards.release import release_accuracy
+
+    pool, model = _shipped("counting")
+    args = ["plan", "--epsilon-total", "10", "--delta-total", "1e-6", "--queries", "100", "--pool",
+            str(_shipped_path("counting-smollm2.parquet")), "--reward", "policy-bt-person", "--release-epsilon", "10",
+            "--draws", "10"]
+    res = CliRunner().invoke(app, args + ["--model", str(_shipped_path("counting-policy-bt-person.json")),
+                                          "--target-share", "0.9"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    r = release_accuracy(model, None, pool.columns["prompt_id"], pool.columns["true_reward"], 10, 1e-6, 16, 10,
+                         np.random.default_rng(0), phi=pool.head_features(model.name))
+    assert f"{r['mean']:.3f}" in out and f"{r['p5']:.3f}" in out
+    assert "with its own 89 persons: the smallest epsilon_w that keeps 90% / 80% is" in out
+    res = CliRunner().invoke(app, args + ["--model", str(_shipped_path("mmlu-letters-policy-bt-person.json"))])
+    assert res.exit_code == 2 and "nor the feature coordinates of head 'policy-bt-person'" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    # mmlu-letters' person head has no lift on its test prompts: no data size or epsilon_w keeps a share of it
+    res = CliRunner().invoke(app, ["plan", "--epsilon-total", "10", "--queries", "100", "--pool",
+                                   str(_shipped_path("mmlu-letters-smollm2.parquet")), "--reward", "policy-bt-person",
+                                   "--model", str(_shipped_path("mmlu-letters-policy-bt-person.json")),
+                                   "--release-epsilon", "10", "--draws", "10", "--target-share", "0.9"])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert "no amount of preference data makes a release keep a share of it" in out and "BoN has no lift" in out
 
 
 def test_a_real_service_answers_every_query_free_with_a_released_head(tmp_path):
@@ -467,6 +500,35 @@ def test_release_study_tends_to_bon_without_noise_and_puts_per_query_noise_besid
     assert r["tau"][0.3] in (0.01, 0.1)
 
 
+def test_the_smallest_epsilon_w_meets_the_target_and_the_one_just_below_it_does_not():
+    """The bisection's answer keeps >= 90% of the lift on average and >= 80% at the 5th percentile; the
+    epsilon_w it reports just below (within 5%) misses; a huge epsilon_w is exact BoN; a head with no
+    lift on the prompts has no answer; a bad search interval is named."""
+    from privalign.evaluation.release import release_share, smallest_epsilon
+    from privalign.rewards.release import study_head
+
+    pool, model = _shipped("counting")
+    head, pid, y = study_head(model), pool.columns["prompt_id"], pool.columns["true_reward"]
+    phi = pool.head_features(head.name)
+    got = smallest_epsilon(phi, head, pid, y, 16, draws=30)
+    assert got["met"] and got["at"]["share_mean"] >= 0.9 and got["at"]["share_p5"] >= 0.8
+    assert 1 < got["epsilon_w"] / got["below"] <= 1.05
+    below = release_share(phi, head, pid, y, got["below"], 16, draws=30)
+    assert below["share_mean"] < 0.9 or below["share_p5"] < 0.8
+    # the same seed gives the same draws: rerunning the answer gives the same shares
+    assert release_share(phi, head, pid, y, got["epsilon_w"], 16, draws=30)["p5"] == got["at"]["p5"]
+    exact = release_share(phi, head, pid, y, 1e9, 16, draws=10)
+    assert abs(exact["mean"] - exact["bon"]) < 1e-3 and exact["share_p5"] > 0.99
+    easy = smallest_epsilon(phi, head, pid, y, 16, draws=10, target=-10.0, tail=-10.0)
+    assert easy["epsilon_w"] == 0.01 and easy["below"] is None
+    pool_m, model_m = _shipped("mmlu-letters")  # its person head's BoN is below the base policy there
+    none = smallest_epsilon(pool_m.head_features(model_m.name), study_head(model_m), pool_m.columns["prompt_id"],
+                            pool_m.columns["true_reward"], 16, draws=10)
+    assert not none["met"] and none["epsilon_w"] is None and none["at"]["share_mean"] is None
+    with pytest.raises(ValueError, match="lo=10, hi=1"):
+        smallest_epsilon(phi, head, pid, y, 16, lo=10, hi=1)
+
+
 def test_release_study_refuses_features_of_another_head_and_a_bad_delta():
     from dataclasses import replace
 
@@ -505,6 +567,12 @@ def test_reproduce_studies_the_release_and_reports_it(tmp_path):
     assert head["persons"] == model.meta["persons"] and set(head["at"]) == {"0.1", "0.3", "1.0", "3.0", "10.0"}
     page = (out / "report.html").read_text()
     assert "Release once, or noise every query" in page and "released once (P = 89 persons, k = 16" in page
+    sm = head["smallest"]
+    assert sm["target"] == 0.9 and sm["tail"] == 0.8 and sm["draws"] == 60
+    if sm["met"]:
+        assert sm["share_mean"] >= 0.9 and sm["share_p5"] >= 0.8 and "The smallest epsilon_w that meets it" in page
+    else:
+        assert "Not even epsilon_w = 1000" in page or sm["share_mean"] is None
 
 
 def test_reproduce_cli_names_a_head_whose_features_the_pool_lacks(tmp_path):

@@ -76,13 +76,14 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
         _fail(str(e))
     title = (f"{mechanism} at epsilon {epsilon:g} per query" if epsilon is not None
              else f"{queries} {mechanism} queries") + f" within epsilon {epsilon_total:g}, delta {delta_total:g}"
+    if model is None and target_share is not None:
+        _fail("--target-share needs --model (the head whose release it sizes) and --pool")
+    inputs = None if model is None else _release_inputs(model, pool, target_share, tail_share)
     out = Console(soft_wrap=True)
     acc, refs = _print_compositions(out, title, counts, eps_of, pool, base, mechanism, n)
-    if model is not None:
-        _plan_release(out, model, pool, release_epsilon, epsilon_total, delta_total, n, draws, seed,
-                      acc if desc is not None else None, pairs, target_share, tail_share)
-    elif target_share is not None:
-        _fail("--target-share needs --model (the head whose release it sizes) and --pool")
+    if inputs is not None:
+        _plan_release(out, *inputs, release_epsilon, epsilon_total, delta_total, n, draws, seed,
+                      acc if desc is not None else None, pairs, target_share)
     if refs is not None:
         out.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
                   f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
@@ -128,24 +129,14 @@ def _print_compositions(out, title: str, counts, eps_of: dict, pool: Optional[Pa
     return acc, refs
 
 
-def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsilon_total, delta_total, n, draws,
-                  seed, per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None,
-                  tail_share: Optional[float] = None) -> None:
-    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use; with
-    ``--pairs`` the release's noise is that of a head on that many pairs; with ``--target-share``
-    the fewest pairs for which the release keeps that share of BoN's lift."""
-    import math
-
-    from rich.table import Table
-
-    from ..pipeline import pool_features
+def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[float], tail_share: Optional[float]):
+    """``plan --model``'s checks, made before anything is printed: (the head, the pool, the head's
+    coordinates phi on its rows, the 5th-percentile share asked for)."""
     from ..rewards.policy_bt import PolicyBTReward
-    from ..rewards.release import release_accuracy
 
     if target_share is not None and not 0 < target_share <= 1:
         _fail(f"--target-share must lie in (0, 1], got {target_share!r}")
     tail = (target_share - 0.1) if tail_share is None and target_share is not None else tail_share
-
     if pool is None:
         _fail("--model needs --pool: a pool of the head's policy with recorded features (privalign featurize)")
     try:
@@ -153,9 +144,21 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
     except (ValueError, OSError, KeyError) as e:
         _fail(f"{model}: {e}")
     p = _load(pool)
-    raw = pool_features(p, pool)
-    if raw is None:
-        _fail(f"{pool} has no recorded policy features ({pool}.features.npz): run privalign featurize {pool}")
+    return head, p, _head_phi(head, p, pool), tail
+
+
+def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta_total, n, draws, seed,
+                  per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None) -> None:
+    """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use; with
+    ``--pairs`` the release's noise is that of a head on that many pairs; with ``--target-share``
+    the fewest pairs for which the release keeps that share of BoN's lift, and the smallest epsilon_w
+    for which it does with the head's own persons."""
+    import math
+
+    from rich.table import Table
+
+    from ..rewards.release import release_accuracy
+
     eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
     persons = None if pairs is None else max(1, math.ceil(pairs / head.k))
     table = Table(title=f"release once at (epsilon_w, {delta_total:g}), then BoN (n={n}): queries unlimited; "
@@ -167,8 +170,8 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
     with console.status("release draws"):
         for e in eps_list:
             try:
-                r = release_accuracy(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
-                                     draws, np.random.default_rng(seed), persons=persons)
+                r = release_accuracy(head, None, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
+                                     draws, np.random.default_rng(seed), persons=persons, phi=phi)
             except ValueError as err:
                 _fail(str(err))
             rows.append(r)
@@ -179,7 +182,8 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
               f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
     if target_share is not None:
-        _print_pairs_for_share(out, head, p, raw, eps_list, delta_total, target_share, tail, n, draws, seed)
+        _print_pairs_for_share(out, head, p, phi, eps_list, delta_total, target_share, tail, n, draws, seed)
+        _print_epsilon_for_share(out, head, p, phi, delta_total, target_share, tail, n, draws, seed)
     best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
     full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
     if best is not None and full is not None:
@@ -188,7 +192,25 @@ def _plan_release(out, model: Path, pool: Optional[Path], release_epsilon, epsil
                   f"{full['p5']:.3f} at the 5th percentile; per-query at its best {best[0]:.3f})")
 
 
-def _print_pairs_for_share(out, head, p, raw, eps_list, delta_total: float, target_share: float, tail: float, n: int,
+def _head_phi(head, p, pool: Path) -> np.ndarray:
+    """The head's feature coordinates on the pool's rows: from its recorded policy features
+    (``privalign featurize``), or else from the coordinates the pool carries for this very head
+    (``privalign score --head-features``, as the shipped pools do for their person heads)."""
+    from ..pipeline import pool_features
+    from ..rewards.release import head_phi
+
+    raw = pool_features(p, pool)
+    if raw is not None:
+        return head_phi(head, raw)
+    stored = p.head_features(head.name)
+    recorded = (p.metadata.get("head_features") or {}).get(head.name, {})
+    if stored is None or recorded.get("head_id") != head.meta.get("head_id"):
+        _fail(f"{pool} has neither recorded policy features ({pool}.features.npz: run privalign featurize {pool}) "
+              f"nor the feature coordinates of head {head.name!r} (privalign score --head-features)")
+    return head_phi(head, None, stored)
+
+
+def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, target_share: float, tail: float, n: int,
                            draws: int, seed: int) -> None:
     """``plan --target-share``: per epsilon_w, the fewest preference pairs whose release keeps that
     share of BoN's lift on average and ``tail`` at the 5th percentile (``release.pairs_for_share``)."""
@@ -196,9 +218,13 @@ def _print_pairs_for_share(out, head, p, raw, eps_list, delta_total: float, targ
 
     with console.status("sizing the preference data"):
         for e in eps_list:
-            got = pairs_for_share(head, raw, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total,
-                                  target_share, tail, n, draws, seed)
+            got = pairs_for_share(head, None, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total,
+                                  target_share, tail, n, draws, seed, phi=phi)
             r = got["result"]
+            if r["share_mean"] is None:
+                out.print(f"BoN with the exact head has no lift on this pool ({r['bon']:.3f} against the base "
+                          f"policy's {r['base']:.3f}): no amount of preference data makes a release keep a share of it")
+                break
             if got["pairs"] is None:
                 out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * head.k}"
                           f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
@@ -207,3 +233,25 @@ def _print_pairs_for_share(out, head, p, raw, eps_list, delta_total: float, targ
                 out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {head.k}) keep "
                           f"{r['share_mean']:.0%} of the lift on average and {r['share_p5']:.0%} at the 5th "
                           f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)")
+
+
+def _print_epsilon_for_share(out, head, p, phi, delta_total: float, target_share: float, tail: float, n: int,
+                             draws: int, seed: int) -> None:
+    """``plan --target-share``: with the head's own data, the smallest epsilon_w whose release keeps that
+    share of BoN's lift (``release.epsilon_for_share``)."""
+    from ..rewards.release import epsilon_for_share
+
+    with console.status("searching epsilon_w"):
+        got = epsilon_for_share(head, None, p.columns["prompt_id"], p.columns["true_reward"], delta_total,
+                                target_share, tail, n, draws, seed, phi=phi)
+    r, persons = got["at"], int(head.meta.get("persons", head.m // head.k))
+    if r["share_mean"] is None:
+        out.print(f"with its own {persons} persons: BoN has no lift on this pool, so no epsilon_w keeps a share of it")
+    elif got["met"]:
+        out.print(f"with its own {persons} persons: the smallest epsilon_w that keeps {target_share:.0%} / {tail:.0%} "
+                  f"is {got['epsilon_w']:.3g} ({r['share_mean']:.0%} on average, {r['share_p5']:.0%} at the 5th "
+                  f"percentile; bisection to 5%)")
+    else:
+        out.print(f"with its own {persons} persons: not even epsilon_w = {got['bounds'][1]:g} keeps "
+                  f"{target_share:.0%} / {tail:.0%} ({r['share_mean']:.0%} on average, {r['share_p5']:.0%} at the "
+                  f"5th percentile)")

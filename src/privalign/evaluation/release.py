@@ -116,6 +116,63 @@ def release_curves(phi: np.ndarray, w, sigma: float, prompt_ids, correct, n_grid
     return {"exact": exact, "draws": out, "base": float(np.mean([y[r].mean() for r in groups]))}
 
 
+def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon: float, n: int, *,
+                  delta_w: float = 1e-6, draws: int = 60, seed: int = 0, sigma: float | None = None) -> dict:
+    """BoN at n with the head released at (epsilon, delta_w) (or at noise scale ``sigma``), over
+    ``draws`` releases drawn from ``default_rng(seed)``: the mean and 5th percentile of its accuracy,
+    and the share of the exact head's lift each keeps, (acc - base) / (bon - base), None without a lift.
+    The same seed gives the same Z for every epsilon (common random numbers)."""
+    s = head.sigma(epsilon, delta_w) if sigma is None else sigma
+    r = release_curves(phi, head.w, s, prompt_ids, correct, (n,), draws, np.random.default_rng(seed))
+    acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
+    lift, p5 = bon - base, float(np.percentile(acc, 5))
+    share = (lambda a: float((a - base) / lift)) if lift > 0 else (lambda a: None)
+    return {"epsilon_w": epsilon, "sigma": s, "n": n, "draws": draws, "mean": float(acc.mean()), "p5": p5,
+            "bon": float(bon), "base": float(base), "share_mean": share(acc.mean()), "share_p5": share(p5),
+            "accuracies": acc}
+
+
+def smallest_epsilon(phi: np.ndarray, head: StudyHead, prompt_ids, correct, n: int, *, target: float = 0.9,
+                     tail: float = 0.8, delta_w: float = 1e-6, draws: int = 60, seed: int = 0,
+                     lo: float = 0.01, hi: float = 1000.0, rel: float = 1.05) -> dict:
+    """The smallest epsilon_w in [lo, hi] whose release keeps >= ``target`` of BoN's lift at n on
+    average and >= ``tail`` at the 5th percentile (``release_share``, the same draws for every
+    epsilon_w): bisection on log epsilon_w until hi / lo <= ``rel``. Returns {"epsilon_w" (None when
+    not even ``hi`` meets it, or the head has no lift), "met", "at" (the release_share at that
+    epsilon_w, or at ``hi``), "below" (an epsilon_w within a factor ``rel`` under it that does not
+    meet it; None when ``lo`` does), "target", "tail", "delta_w", "bounds": (lo, hi)}. The share is measured
+    against the head's own exact BoN; this is a measurement on the prompts given, and chooses nothing."""
+    if not (0 < lo < hi and math.isfinite(hi)):
+        raise ValueError(f"the search needs 0 < lo < hi < inf, got lo={lo!r}, hi={hi!r}")
+
+    def run(e):
+        return release_share(phi, head, prompt_ids, correct, e, n, delta_w=delta_w, draws=draws, seed=seed)
+
+    def meets(r):
+        return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
+
+    out = {"target": target, "tail": tail, "delta_w": delta_w, "n": n, "draws": draws, "bounds": (lo, hi)}
+    first = run(lo)
+    if meets(first):
+        return {**out, "epsilon_w": lo, "met": True, "below": None, "at": _short(first)}
+    last = run(hi)
+    if not meets(last):
+        return {**out, "epsilon_w": None, "met": False, "below": hi, "at": _short(last)}
+    a, b = lo, hi
+    while b / a > rel:
+        mid = math.sqrt(a * b)
+        r = run(mid)
+        if meets(r):
+            b, last = mid, r
+        else:
+            a = mid
+    return {**out, "epsilon_w": b, "met": True, "below": a, "at": _short(last)}
+
+
+def _short(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "accuracies"}
+
+
 def _head_features(pool: Pool, head: StudyHead) -> np.ndarray:
     phi = pool.head_features(head.name)
     recorded = (pool.metadata.get("head_features") or {}).get(head.name, {})
@@ -131,7 +188,8 @@ def _head_features(pool: Pool, head: StudyHead) -> np.ndarray:
 
 def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n_grid, *,
                   epsilons=RELEASE_EPSILONS, queries=RELEASE_QUERIES, taus=RELEASE_TAUS, delta_w: float = 1e-6,
-                  draws: int = 20, sets: int = 8, seed: int = 0) -> dict:
+                  draws: int = 20, sets: int = 8, seed: int = 0, target: tuple = (0.9, 0.8),
+                  target_draws: int = 60) -> dict:
     """The release against per-query noise, and at every n, on the test prompts.
 
     - ``queries`` rows: for each total epsilon_w and each workload of Q queries, the head released
@@ -140,6 +198,9 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
       within (epsilon_w, delta_w), by the harness's exact law with the head's Delta_r and range.
     - ``n`` rows: BoN and soft BoN on the released head at each n of ``n_grid``, tau chosen per
       epsilon_w on the held-out prompts (best mean at the largest n; it is not a privacy parameter).
+    - ``smallest``: the smallest epsilon_w whose release keeps ``target`` = (mean share, 5th
+      percentile share) of BoN's lift at ``n_ref`` on the test prompts, over ``target_draws`` draws
+      (``smallest_epsilon``).
     """
     from .planning import accuracy_at, plan_base
 
@@ -176,7 +237,9 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
                            "n": n, "mean": float(acc.mean()), "p5": float(np.percentile(acc, 5)),
                            "exact_head": r["exact"][key]})
     exact_bon = {n: r["exact"][("bon", n)] for n in n_grid}
-    return {"queries": q_rows, "n": n_rows, "tau": chosen, "base": r["base"], "bon": exact_bon,
+    smallest = smallest_epsilon(phi[test], head, pid[test], y[test], n_ref, target=target[0], tail=target[1],
+                                delta_w=delta_w, draws=target_draws, seed=seed)
+    return {"queries": q_rows, "n": n_rows, "tau": chosen, "base": r["base"], "bon": exact_bon, "smallest": smallest,
             "head": {"name": head.name, "persons": head.persons, "pairs_per_person": head.pairs_per_person,
                      "sensitivity": head.sensitivity, "head_id": head.head_id, "dim": len(head.w)},
             "draws": draws, "sets": sets, "delta_w": delta_w, "n_ref": n_ref}

@@ -134,7 +134,8 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
 def release_headline(study: dict) -> dict:
     """The release's headline: at n_ref, per epsilon_w, the released head's mean and 5th percentile,
     the share of BoN's lift each keeps, and per-query PrivBoN's accuracy within the same total at each Q
-    (``per_query_q<Q>``)."""
+    (``per_query_q<Q>``); ``smallest``: the smallest epsilon_w that meets the target, or the shares at
+    the search's upper end when none does (``release.smallest_epsilon``)."""
     n, base = study["n_ref"], study["base"]
     lift = study["bon"][n] - base
     out = {"n": n, "delta_w": study["delta_w"], "persons": study["head"]["persons"],
@@ -146,6 +147,12 @@ def release_headline(study: dict) -> dict:
                                             "share_mean": (r["release_mean"] - base) / lift if lift > 0 else None,
                                             "share_p5": (r["release_p5"] - base) / lift if lift > 0 else None})
         row[f"per_query_q{r['queries']}"] = r["per_query_accuracy"]
+    if study.get("smallest"):
+        sm = study["smallest"]
+        out["smallest"] = {"epsilon_w": sm["epsilon_w"], "met": sm["met"], "target": sm["target"], "tail": sm["tail"],
+                           "draws": sm["draws"], "bounds": list(sm["bounds"]),
+                           **{k: sm["at"][k] for k in ("mean", "p5", "share_mean", "share_p5")},
+                           "at_epsilon_w": sm["at"]["epsilon_w"]}
     return out
 
 

@@ -184,7 +184,19 @@ def _release_sentence(rel: dict, num, verdict, name) -> str:
             f"percentile over release draws): {shares}. Target >= 90% on average and >= 80% at the 5th "
             f"percentile at some epsilon_w: "
             + (f"{verdict(True)} from epsilon_w = {num(meets[0]['epsilon_w'])}." if meets else
-               f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}."))
+               f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}.") + _smallest_sentence(rel, num))
+
+
+def _smallest_sentence(rel: dict, num) -> str:
+    """Where the target is first met: the bisection on epsilon_w of ``release.smallest_epsilon``."""
+    sm = rel.get("smallest")
+    if not sm or sm.get("share_mean") is None:
+        return ""
+    got = f"{num(100 * sm['share_mean'])}% on average, {num(100 * sm['share_p5'])}% at the 5th percentile"
+    if sm["met"]:
+        return (f" The smallest epsilon_w that meets it is {num(sm['epsilon_w'])} ({got}, over {sm['draws']} "
+                f"draws; bisection to 5%).")
+    return f" Not even epsilon_w = {num(sm['bounds'][1])} meets it ({got})."
 
 
 def _verdict(ok) -> str:

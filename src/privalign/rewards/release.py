@@ -24,12 +24,16 @@ import json
 import math
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .._validation import as_generator
 from .base import RewardModel
 from .policy_bt import FeatureMap, PolicyBTReward, PolicyScoring
+
+if TYPE_CHECKING:
+    from ..evaluation.release import StudyHead
 
 RELEASED_KIND = "policy-bt-released"
 PROCEDURE = ("Gaussian output perturbation of the certified head: w~ = w + N(0, sigma^2 I), sigma the analytic "
@@ -163,9 +167,22 @@ def release_head(model: PolicyBTReward, epsilon: float, delta: float,
     return ReleasedHead(w_tilde, model.feature_map, release, model.base_model, model.task, f"{model.name}-released")
 
 
+def head_phi(model: PolicyBTReward, raw: np.ndarray | None, phi: np.ndarray | None = None) -> np.ndarray:
+    """The head's feature coordinates phi(x, y): ``phi`` as given (a pool's stored ones), or the
+    feature map of the raw policy features ``raw``; a one-line ValueError when neither fits."""
+    if phi is None:
+        if raw is None:
+            raise ValueError("give the raw policy features or the head's feature coordinates phi")
+        return model.feature_map(raw)
+    phi = np.asarray(phi, float)
+    if phi.ndim != 2 or phi.shape[1] != model.w.size:
+        raise ValueError(f"phi must have shape (rows, {model.w.size}) for head {model.name!r}, got {phi.shape}")
+    return phi
+
+
 def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
                      n: int = 16, draws: int = 60, rng: np.random.Generator | None = None,
-                     persons: int | None = None) -> dict:
+                     persons: int | None = None, phi: np.ndarray | None = None) -> dict:
     """What a release at (epsilon, delta) keeps of BoN's lift on a pool, over ``draws`` release draws.
 
     For each draw w~ = w + sigma Z, BoN's accuracy at n (candidates drawn with replacement from each
@@ -175,12 +192,13 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     deployment lives with one draw: the 5th percentile is its lower tail. With ``persons`` = P', the
     noise is that of a head on P' persons (``release_noise_scale``) while w stays the head's own: what
     more preference data buys through the noise alone (a head on more data is also a better head,
-    which this leaves out)."""
+    which this leaves out). ``phi``, the head's own feature coordinates (``Pool.head_features``),
+    stands in for ``raw`` (``head_phi``)."""
     from ..evaluation.release import release_curves
 
     eps, dlt = check_release(model, epsilon, delta)
     sigma = release_noise_scale(model, eps, dlt, persons)
-    r = release_curves(model.feature_map(raw), model.w, sigma, prompt_ids, correct, (n,), draws, as_generator(rng))
+    r = release_curves(head_phi(model, raw, phi), model.w, sigma, prompt_ids, correct, (n,), draws, as_generator(rng))
     acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
     lift = bon - base
 
@@ -195,7 +213,7 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
 
 def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
                     target: float = 0.9, tail: float = 0.8, n: int = 16, draws: int = 60, seed: int = 0,
-                    most: int = 10_000) -> dict:
+                    most: int = 10_000, phi: np.ndarray | None = None) -> dict:
     """The fewest preference pairs m' = P' k for which a release at (epsilon, delta) keeps at least
     ``target`` of BoN's lift on average and ``tail`` at the 5th percentile of the draws
     (``release_accuracy`` with ``persons`` = P', the same draws for every P'). Bisection on log P'
@@ -205,7 +223,7 @@ def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct,
 
     def run(p):
         return release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
-                                np.random.default_rng(seed), persons=p)
+                                np.random.default_rng(seed), persons=p, phi=phi)
 
     def meets(r):
         return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
@@ -225,3 +243,16 @@ def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct,
         else:
             lo = mid
     return {"pairs": hi * model.k, "persons": hi, "result": last}
+
+
+def epsilon_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, delta: float,
+                      target: float = 0.9, tail: float = 0.8, n: int = 16, draws: int = 60, seed: int = 0,
+                      most: float = 1000.0, phi: np.ndarray | None = None) -> dict:
+    """The smallest epsilon_w at which ``model``, on its own data, released at (epsilon_w, delta)
+    keeps ``target`` of BoN's lift on average and ``tail`` at the 5th percentile, searched up to
+    ``most`` (``evaluation.release.smallest_epsilon``; its "epsilon_w" is None when not met)."""
+    from ..evaluation.release import smallest_epsilon
+
+    check_release(model, 1.0, delta)
+    return smallest_epsilon(head_phi(model, raw, phi), study_head(model), prompt_ids, correct, n, target=target,
+                            tail=tail, delta_w=delta, draws=draws, seed=seed, hi=most)
