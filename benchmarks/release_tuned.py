@@ -1,7 +1,7 @@
 """The release objective of ``rm train`` against the default (PrivBoN-tuned) choice (issue 28, item 1).
 
     .venv/bin/python benchmarks/release_tuned.py --task counting [--epsilon-w 3,10] [--delta 1e-6] \
-        [--draws 60] [--out rows.json]
+        [--draws 60] [--select-folds 1,2] [--out rows.json]
 
 Needs the task's train pool with features (``results/pools/<task>-train.parquet``: ``make
 models-person`` generates it, or ``privalign generate --task T --split train --samples 32 --seed 1
@@ -12,7 +12,9 @@ trains
 - the default procedure's head ((q, c, lambda) for PrivBoN at epsilon 1 per query): the shipped
   person head, which the script checks it reproduces;
 - for each epsilon_w, the release objective's head ((q, c, L, lambda) on the RELEASE_GRID for the
-  5th percentile of BoN at n = 16 over 50 release draws, on validation prompts only),
+  5th percentile of BoN at n = 16 over 50 release draws, on validation prompts only), once per
+  ``--select-folds`` value (2: the score cross-fitted over both validation halves, the default; 1:
+  one half, as before cross-fitting),
 
 releases each at (epsilon_w, delta) 60 times (seeded) and reports BoN at n = 16 on the TEST
 prompts: mean and 5th percentile over the draws, beside the exact head's BoN and the base policy,
@@ -46,12 +48,17 @@ def _pool(path: Path):
     return p.columns["prompt_id"], p.columns["true_reward"], raw
 
 
+def _num(v, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", required=True)
     ap.add_argument("--epsilon-w", default="3,10")
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--draws", type=int, default=60)
+    ap.add_argument("--select-folds", default="2")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     pid, y, raw = _pool(POOLS / f"{a.task}-train.parquet")
@@ -67,13 +74,18 @@ def main() -> None:
         return "n/a" if v is None else f"{v:.0%}"
     rows = []
     print("| epsilon_w | head | (q, c, L, lambda) | Delta_r | BoN exact | released: mean | p5 | share of own lift "
-          "(mean, p5) | share of shipped head's lift (mean, p5) | train s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "(mean, p5) | share of shipped head's lift (mean, p5) | train s | validation p5 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for eps in (float(e) for e in a.epsilon_w.split(",")):
-        t0 = time.time()
-        tuned, _ = train_policy_bt(raw, pid, y, objective="release", release_epsilon=eps, release_delta=a.delta, **kw)
-        seconds = time.time() - t0
-        for name, m in (("default", default), ("release-tuned", tuned)):
+        heads, seconds = [("default", default)], {}
+        for folds in (int(f) for f in a.select_folds.split(",")):
+            t0 = time.time()
+            tuned, _ = train_policy_bt(raw, pid, y, objective="release", release_epsilon=eps, release_delta=a.delta,
+                                       select_folds=folds, **kw)
+            name = f"release-tuned, {folds} fold{'s' if folds > 1 else ''}"
+            heads.append((name, tuned))
+            seconds[name] = time.time() - t0
+        for name, m in heads:
             r = release_accuracy(m, traw, tp, ty, eps, a.delta, draws=a.draws, rng=np.random.default_rng(0))
             row = {"task": a.task, "epsilon_w": eps, "delta_w": a.delta, "head": name,
                    "settings": [m.meta["components"], m.meta["c"], m.feature_map.lp_clip, m.lam],
@@ -81,13 +93,15 @@ def main() -> None:
                    "share_mean": r["share_mean"], "share_p5": r["share_p5"],
                    "shipped_share_mean": (r["mean"] - r["base"]) / lift if lift > 0 else None,
                    "shipped_share_p5": (r["p5"] - r["base"]) / lift if lift > 0 else None,
-                   "train_seconds": seconds if name != "default" else None}
+                   "selection_p5": m.meta.get("selection_release_p5"),
+                   "selection_mean": m.meta.get("selection_release_mean"),
+                   "train_seconds": seconds.get(name)}
             rows.append(row)
             q, c, L, lam = row["settings"]
             print(f"| {eps:g} | {name} | ({q}, {c:g}, {L:g}, {lam:g}) | {m.sensitivity:.3g} | {r['bon']:.3f} | "
                   f"{r['mean']:.3f} | {r['p5']:.3f} | {pct(r['share_mean'])}, {pct(r['share_p5'])} | "
                   f"{pct(row['shipped_share_mean'])}, {pct(row['shipped_share_p5'])} | "
-                  f"{'' if row['train_seconds'] is None else f'{seconds:.0f}'} |", flush=True)
+                  f"{_num(row['train_seconds'], '.0f')} | {_num(row['selection_p5'], '.3f')} |", flush=True)
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 

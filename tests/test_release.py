@@ -125,6 +125,30 @@ def test_the_release_objective_chooses_for_the_released_head_on_validation_promp
     assert r_tuned["mean"] > r_plain["mean"] + 0.02, (r_tuned["mean"], r_plain["mean"])
 
 
+def test_the_release_score_is_cross_fitted_over_both_validation_halves():
+    """select_folds = 2 (the release objective's default): each half is scored by the candidate trained
+    on the other, with the same draws; the pooled mean is the prompt-weighted mean of the folds'. A
+    file from before cross-fitting retrains with one fold; the PrivBoN objective keeps one."""
+    from privalign.rewards.policy_bt import _check_procedure, _release_score, model_procedure
+
+    proc = _check_procedure({"objective": "release", "release_epsilon": 1.0})
+    assert proc["select_folds"] == 2 and _check_procedure({})["select_folds"] == 1
+    rng = np.random.default_rng(0)
+    folds = []
+    for prompts in (7, 13):
+        pid = np.repeat([f"p{prompts}-{i}" for i in range(prompts)], 8)
+        folds.append((rng.standard_normal((pid.size, 3)) / 2, rng.standard_normal(3),
+                      (rng.random(pid.size) < 0.4).astype(float), pid))
+    one = [_release_score([phi], [w], 0.05, [y], [pid], proc) for phi, w, y, pid in folds]
+    both = _release_score([f[0] for f in folds], [f[1] for f in folds], 0.05, [f[2] for f in folds],
+                          [f[3] for f in folds], proc)
+    want = (7 * one[0]["selection_release_mean"] + 13 * one[1]["selection_release_mean"]) / 20
+    assert both["selection_release_mean"] == pytest.approx(want, abs=1e-12)
+    assert both["selection_release_p5"] <= both["selection_release_mean"]
+    old = PolicyBTReward(np.zeros(2), 1.0, 4, 1, 1e-9, None, meta={"procedure": {"objective": "release"}})
+    assert model_procedure(old)["select_folds"] == 1
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"objective": "bon"}, "objective must be one of"),
     ({"objective": "release"}, "needs a positive, finite release_epsilon, got None"),
@@ -132,6 +156,9 @@ def test_the_release_objective_chooses_for_the_released_head_on_validation_promp
     ({"objective": "release", "release_epsilon": 1.0, "release_delta": 0.2}, r"release_delta must lie in \(0, 1/P\)"),
     ({"objective": "release", "release_epsilon": 1.0, "unit": "pair", "pairs_per_person": 1}, "needs unit 'person'"),
     ({"lp_clips": (0.0,)}, "lp_clips must be positive"),
+    ({"objective": "release", "release_epsilon": 1.0, "select_folds": 3}, "select_folds must be 1 .* got 3"),
+    ({"select_folds": True}, "select_folds must be 1 .* got True"),
+    ({"select_folds": 2}, "objective 'privbon' scores one validation half"),
 ])
 def test_bad_release_objective_settings_are_named(settings, message):
     pid, y, raw = synthetic_pool()
@@ -187,7 +214,9 @@ def test_cli_train_with_the_release_objective(tmp_path):
             "--components", "2", "--cs", "0.6,0.95", "--lp-clips", "1", "--pairs-per-person", "4"]
     for args, message in [(["--objective", "release"], "--objective release needs --release-epsilon"),
                           (["--objective", "bon"], "--objective must be 'privbon' or 'release', got 'bon'"),
-                          (["--cs", "a"], "--cs must be a comma list of numbers, got 'a'")]:
+                          (["--cs", "a"], "--cs must be a comma list of numbers, got 'a'"),
+                          (["--objective", "release", "--release-epsilon", "1", "--select-folds", "3"],
+                           "select_folds must be 1 (score on one validation half) or 2 (cross-fitted), got 3")]:
         res = runner.invoke(app, [*base, *args, "--out", str(tmp_path / "x.json")])
         assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
         assert not list(tmp_path.glob("x*.json"))
@@ -197,6 +226,7 @@ def test_cli_train_with_the_release_objective(tmp_path):
     assert "release eps_w=1" in res.output and "L = 1" in " ".join(res.output.split())
     model = PolicyBTReward.load(tmp_path / "rm.json")
     assert model.meta["procedure"]["objective"] == "release" and model.meta["lp_clip"] == 1.0
+    assert model.meta["procedure"]["select_folds"] == 2  # cross-fitted by default
     assert ReleasedHead.load(tmp_path / "rm.released.json").epsilon == 1.0
 
 

@@ -37,6 +37,9 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                            "--target-epsilon per query) or release (BoN with the "
                                                            "head released at --release-epsilon, mean and 5th "
                                                            "percentile over draws)"),
+             select_folds: int = typer.Option(2, help="--objective release: 2 scores each validation half with "
+                                                      "the candidate trained on the other (cross-fitted), 1 "
+                                                      "scores one half"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
              pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
                                                                        "(policy: a person is a train prompt's grader, "
@@ -69,7 +72,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
         model = _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person or 16, target_epsilon,
                                  range_epsilon, seed, name or "policy-bt", out, max_persons,
                                  {"objective": objective, "release_epsilon": release_epsilon,
-                                  "release_delta": release_delta} if objective == "release" else {})
+                                  "release_delta": release_delta, "select_folds": select_folds}
+                                 if objective == "release" else {})
         if release_epsilon is not None:
             _release(model, release_epsilon, release_delta, released_path(out))
         return

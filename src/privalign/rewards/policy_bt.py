@@ -260,12 +260,15 @@ PROCEDURE_DEFAULTS = {"lambdas": (0.01, 0.03, 0.1, 0.3, 1.0), "components": (8, 
                       "lp_clips": (4.0,), "pairs_per_prompt": 16, "pairs_per_person": 16, "fit_fraction": 0.6,
                       "select_fraction": 0.5, "target_epsilon": 1.0, "n_select": 16, "g_tol": 1e-9, "seed": 0,
                       "max_pairs": None, "unit": "person", "max_persons": None, "objective": "privbon",
-                      "release_epsilon": None, "release_delta": 1e-6, "release_draws": 50}
+                      "release_epsilon": None, "release_delta": 1e-6, "release_draws": 50, "select_folds": 1}
 OBJECTIVES = ("privbon", "release")
 # objective "release": the grid's defaults widen towards what the release's noise rewards (fewer
 # dimensions, more weight and spread on the log-probability, a larger lambda: a smaller Delta_r)
 RELEASE_GRID = {"lambdas": (0.1, 0.3, 1.0, 3.0, 10.0), "components": (2, 4, 8, 16), "cs": (0.6, 0.8, 0.95, 0.99),
                 "lp_clips": (1.0, 2.0, 4.0)}
+# ... and its release score is cross-fitted: each validation half scored by the candidate trained on
+# the other (``_release_score``), twice the prompts behind the lower-tail estimate
+RELEASE_DEFAULTS = {"select_folds": 2}
 UNITS = ("person", "pair")
 PERSON = ("the person who wrote and graded one train prompt's answers: every preference pair built from that "
           "prompt's graded samples is theirs")
@@ -352,7 +355,7 @@ def _check_procedure(proc: dict) -> dict:
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     grid = {key: v for key, v in proc.items() if key in RELEASE_GRID and v is not None}
-    proc = {**PROCEDURE_DEFAULTS, **(RELEASE_GRID if objective == "release" else {}),
+    proc = {**PROCEDURE_DEFAULTS, **({**RELEASE_GRID, **RELEASE_DEFAULTS} if objective == "release" else {}),
             **{key: v for key, v in proc.items() if key not in RELEASE_GRID}, **grid}
     for key in ("lambdas", "components", "cs", "lp_clips"):
         proc[key] = tuple(proc[key])
@@ -373,6 +376,12 @@ def _check_procedure(proc: dict) -> dict:
         if proc["unit"] != "person":
             raise ValueError(f"objective 'release' needs unit 'person' (a release bounds one person), got "
                              f"{proc['unit']!r}")
+    if proc["select_folds"] not in (1, 2) or isinstance(proc["select_folds"], bool):
+        raise ValueError(f"select_folds must be 1 (score on one validation half) or 2 (cross-fitted), got "
+                         f"{proc['select_folds']!r}")
+    if proc["select_folds"] == 2 and objective != "release":
+        raise ValueError("select_folds=2 cross-fits the release objective's score; objective 'privbon' scores "
+                         "one validation half (select_folds=1)")
     if proc["pairs_per_person"] < 1:
         raise ValueError(f"pairs_per_person must be >= 1, got {proc['pairs_per_person']!r}")
     if proc["max_pairs"] is not None and proc["max_pairs"] < 1:
@@ -389,19 +398,25 @@ def _check_procedure(proc: dict) -> dict:
 RELEASE_SCORES = ("selection_release_mean", "selection_release_p5")
 
 
-def _release_score(phi: np.ndarray, w: np.ndarray, sensitivity: float, correct, prompt_ids, proc: dict) -> dict:
+def _release_score(phis: list, ws: list, sensitivity: float, corrects: list, prompt_ids: list, proc: dict) -> dict:
     """A candidate head as its release would be: BoN at n = ``n_select`` with w + sigma Z over
-    ``release_draws`` seeded draws Z (the same draws for every candidate of a dimension), sigma the
-    analytic Gaussian scale at the *final* head's Delta_r and (release_epsilon, release_delta).
-    Returns the draws' mean accuracy and their 5th percentile: the choice maximises the 5th
-    percentile, the lower tail a deployment lives with (it draws the noise once)."""
+    ``release_draws`` seeded draws Z (the same draws for every candidate of a dimension, and for
+    every fold), sigma the analytic Gaussian scale at the *final* head's Delta_r and
+    (release_epsilon, release_delta). Each fold f scores its own prompts with its own head w_f; a
+    draw's accuracy is the prompt-weighted mean over the folds (cross-fitted: every scored prompt by
+    a head not trained on it). Returns the draws' mean accuracy and their 5th percentile: the choice
+    maximises the 5th percentile, the lower tail a deployment lives with (it draws the noise once)."""
     from ..accounting import gaussian_mechanism_noise_scale
     from ..evaluation.release import release_curves
 
     sigma = gaussian_mechanism_noise_scale(proc["release_epsilon"], sensitivity, proc["release_delta"])
-    r = release_curves(phi, w, sigma, prompt_ids, correct, (proc["n_select"],), proc["release_draws"],
-                       np.random.default_rng([proc["seed"], 5]))
-    acc = r["draws"][("bon", proc["n_select"])]
+    total, prompts = 0.0, 0
+    for phi, w, y, pid in zip(phis, ws, corrects, prompt_ids):
+        r = release_curves(phi, w, sigma, pid, y, (proc["n_select"],), proc["release_draws"],
+                           np.random.default_rng([proc["seed"], 5]))
+        count = np.unique(np.asarray(pid, str)).size
+        total, prompts = total + count * r["draws"][("bon", proc["n_select"])], prompts + count
+    acc = total / prompts
     return dict(zip(RELEASE_SCORES, (float(acc.mean()), float(np.percentile(acc, 5)))))
 
 
@@ -420,7 +435,9 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
        With ``objective="release"`` the grid is ``RELEASE_GRID`` (log-probability clips L too),
        candidates are trained like the final head (k pairs per person, loss normalised by P_sel k)
        and scored by BoN with the head released at (release_epsilon, release_delta): the 5th
-       percentile over ``release_draws`` draws, then the mean (``_release_score``).
+       percentile over ``release_draws`` draws, then the mean (``_release_score``). With
+       ``select_folds=2`` (the release objective's default) the halves also swap roles, and the
+       release score pools both: each validation prompt scored by a candidate not trained on it.
        None of this reads D, so the choice (q, c, lambda) and the feature map are the same for every
        D' ~ D: they are fixed, data-independent settings from D's point of view.
     3. The one final head is trained on D with those settings (``fit_bt``), so the certificate
@@ -437,28 +454,22 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     data = preference_data(pid, y, fit_p, proc)
     if data.chosen.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
-    si, sr = preference_rows(pid, y, sel_fit, proc["pairs_per_prompt"], proc["seed"])
-    if si.size == 0:
-        raise ValueError("no selection pair: no validation prompt of the selection-fit half has both a correct and "
-                         "an incorrect sample (more train prompts, or a larger select_fraction)")
     release = proc["objective"] == "release"
     if release and not proc["release_delta"] < 1 / data.persons:
         raise ValueError(f"release_delta must lie in (0, 1/P) = (0, {1 / data.persons:.3g}) for P = {data.persons} "
                          f"persons, got {proc['release_delta']!r}")
-    sel_norm = None
-    if release:  # candidates mimic the final head: k pairs per person, the loss normalised by P_sel k
-        keep = bound_per_person(pid[si], proc["pairs_per_person"], proc["seed"])
-        si, sr = si[keep], sr[keep]
-        sel_norm = len(sel_fit) * proc["pairs_per_person"]
-    is_val, is_sc = np.isin(pid, list(val_p)), np.isin(pid, list(sel_score))
-    row, fmap, grid = _choose_settings(raw, pid, y, is_val, is_sc, si, sr, data.m, sel_norm, proc)
+    halves = [(sel_fit, sel_score), (sel_score, sel_fit)][:proc["select_folds"]]
+    folds = [_selection_fold(pid, y, fit, score, proc, i) for i, (fit, score) in enumerate(halves)]
+    is_val = np.isin(pid, list(val_p))
+    row, fmap, grid = _choose_settings(raw, pid, y, is_val, folds, data.m, proc)
     # the final head: D, once, with the settings chosen above
     phi = fmap(raw)
     d = _edited(phi[data.chosen] - phi[data.rejected], edit, data.m, fmap.dim)
     w, g = fit_bt(d, row["lambda"], proc["g_tol"], normalizer=data.m)
     sizes = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p),
              "selection_fit_prompts": len(sel_fit), "selection_score_prompts": len(sel_score),
-             "selection_pairs": int(si.size)}
+             "selection_pairs": int(folds[0].chosen.size)}
+    is_sc = folds[0].scored
     public = _public_record(row, proc, sizes, raw[is_sc, -1], y[is_sc], pid[is_sc])
     private = _private_record(phi[is_val] @ w, y[is_val], pid[is_val], d, w, g, row, data, proc)
     return Trained(row["components"], row["c"], row["lambda"], fmap, w, data.m, grid, public, private, data)
@@ -476,10 +487,38 @@ def _private_record(s_val, y_val, pid_val, d, w, g, row: dict, data, proc: dict)
             "weight_norm": float(np.linalg.norm(w))}
 
 
-def _choose_settings(raw, pid, y, is_val, is_sc, si, sr, m: int, sel_norm, proc: dict):
-    """Step 2 of ``train_procedure``, on the validation prompts only: every (q, c, L) feature map,
-    every lambda's candidate head on the selection pairs ``si``/``sr``, scored on the selection-score
-    prompts ``is_sc``. Returns (the best row, its feature map, every row)."""
+@dataclass(frozen=True)
+class SelectionFold:
+    """One fold of the choice: candidate heads are trained on ``chosen``/``rejected`` (pairs of one
+    validation half) and scored on the rows ``scored`` (the other half), with loss normaliser ``norm``."""
+
+    chosen: np.ndarray
+    rejected: np.ndarray
+    scored: np.ndarray  # a row mask
+    norm: float | None
+
+
+def _selection_fold(pid, y, fit: set, score: set, proc: dict, index: int) -> SelectionFold:
+    """Fold ``index`` of the choice: the pairs of the validation half ``fit`` and the rows of ``score``.
+    With the release objective, candidates mimic the final head: at most k pairs per person and the
+    loss normalised by P_fit k."""
+    si, sr = preference_rows(pid, y, fit, proc["pairs_per_prompt"], proc["seed"])
+    if si.size == 0:
+        half = "selection-fit" if index == 0 else "selection-score (select_folds=2 trains on it too)"
+        raise ValueError(f"no selection pair: no validation prompt of the {half} half has both a correct and an "
+                         "incorrect sample (more train prompts, or a larger select_fraction)")
+    norm = None
+    if proc["objective"] == "release":
+        keep = bound_per_person(pid[si], proc["pairs_per_person"], proc["seed"])
+        si, sr, norm = si[keep], sr[keep], len(fit) * proc["pairs_per_person"]
+    return SelectionFold(si, sr, np.isin(pid, list(score)), norm)
+
+
+def _choose_settings(raw, pid, y, is_val, folds: list[SelectionFold], m: int, proc: dict):
+    """Step 2 of ``train_procedure``, on the validation prompts only: every (q, c, L) feature map and
+    every lambda's candidate head, trained and scored on each fold. The row's AUC and PrivBoN / BoN
+    accuracies are the first fold's; the release score pools every fold's (``_release_score``).
+    Returns (the best row, its feature map, every row)."""
     release = proc["objective"] == "release"
     k, g_tol = proc["pairs_per_person"], proc["g_tol"]
 
@@ -492,14 +531,16 @@ def _choose_settings(raw, pid, y, is_val, is_sc, si, sr, m: int, sel_norm, proc:
         for c in proc["cs"]:
             for lp_clip in proc["lp_clips"]:
                 fmap = FeatureMap.fit(raw[is_val], q=q, c=c, lp_clip=lp_clip)
-                d_sel = fmap(raw[si]) - fmap(raw[sr])
-                phi_sc = fmap(raw[is_sc])
+                diffs = [fmap(raw[f.chosen]) - fmap(raw[f.rejected]) for f in folds]
+                phis = [fmap(raw[f.scored]) for f in folds]
                 for lam in proc["lambdas"]:
-                    w, _ = fit_bt(d_sel, lam, g_tol, normalizer=sel_norm)
-                    row = _candidate_row(phi_sc @ w, q, c, lp_clip, lam, certified_sensitivity(m, lam, k, g_tol),
-                                         y[is_sc], pid[is_sc], proc)
+                    ws = [fit_bt(d, lam, g_tol, normalizer=f.norm)[0] for d, f in zip(diffs, folds)]
+                    sc = folds[0].scored
+                    row = _candidate_row(phis[0] @ ws[0], q, c, lp_clip, lam, certified_sensitivity(m, lam, k, g_tol),
+                                         y[sc], pid[sc], proc)
                     if release:
-                        row.update(_release_score(phi_sc, w, row["sensitivity"], y[is_sc], pid[is_sc], proc))
+                        row.update(_release_score(phis, ws, row["sensitivity"], [y[f.scored] for f in folds],
+                                                  [pid[f.scored] for f in folds], proc))
                     grid.append(row)
                     if best is None or rank(row) > rank(best[0]):
                         best = (row, fmap)
@@ -575,7 +616,8 @@ def model_procedure(model: PolicyBTReward) -> dict:
     if proc is None:
         raise ValueError("this model file records no training procedure: it was trained by privalign < 0.2, whose "
                          "choice of (q, c, lambda) read D, so its certificate does not cover it; retrain it")
-    return {"unit": "pair", **proc}  # files before the person unit counted each pair as a person
+    # files before the person unit counted each pair as a person; before cross-fitting, one fold scored
+    return {"unit": "pair", "select_folds": 1, **proc}
 
 
 def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=None) -> Trained:
