@@ -19,7 +19,9 @@ trains
 releases each at (epsilon_w, delta) 60 times (seeded) and reports BoN at n = 16 on the TEST
 prompts: mean and 5th percentile over the draws, beside the exact head's BoN and the base policy,
 and the share of the lift kept, measured both against the head's own BoN and against the shipped
-head's. The test prompts choose nothing: they only measure.
+head's. The test prompts choose nothing: they only measure. The last two columns are the chosen
+candidate's validation estimate of the 5th percentile, and its ||w|| over the final head's (the
+candidate is trained on one validation half, the final head on D).
 """
 
 from __future__ import annotations
@@ -74,14 +76,18 @@ def main() -> None:
         return "n/a" if v is None else f"{v:.0%}"
     rows = []
     print("| epsilon_w | head | (q, c, L, lambda) | Delta_r | BoN exact | released: mean | p5 | share of own lift "
-          "(mean, p5) | share of shipped head's lift (mean, p5) | train s | validation p5 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "(mean, p5) | share of shipped head's lift (mean, p5) | train s | validation p5 | candidate / final ||w|| |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for eps in (float(e) for e in a.epsilon_w.split(",")):
-        heads, seconds = [("default", default)], {}
+        heads, seconds, norm_ratio = [("default", default)], {}, {}
         for folds in (int(f) for f in a.select_folds.split(",")):
             t0 = time.time()
-            tuned, _ = train_policy_bt(raw, pid, y, objective="release", release_epsilon=eps, release_delta=a.delta,
-                                       select_folds=folds, **kw)
+            tuned, grid = train_policy_bt(raw, pid, y, objective="release", release_epsilon=eps,
+                                          release_delta=a.delta, select_folds=folds, **kw)
+            chosen = next(r for r in grid if (r["components"], r["c"], r["lp_clip"], r["lambda"]) == (
+                tuned.meta["components"], tuned.meta["c"], tuned.feature_map.lp_clip, tuned.lam))
+            norm_ratio[f"release-tuned, {folds} fold{'s' if folds > 1 else ''}"] = (
+                chosen["selection_weight_norm"] / float(np.linalg.norm(tuned.w)))
             name = f"release-tuned, {folds} fold{'s' if folds > 1 else ''}"
             heads.append((name, tuned))
             seconds[name] = time.time() - t0
@@ -95,13 +101,14 @@ def main() -> None:
                    "shipped_share_p5": (r["p5"] - r["base"]) / lift if lift > 0 else None,
                    "selection_p5": m.meta.get("selection_release_p5"),
                    "selection_mean": m.meta.get("selection_release_mean"),
-                   "train_seconds": seconds.get(name)}
+                   "train_seconds": seconds.get(name), "candidate_norm_ratio": norm_ratio.get(name)}
             rows.append(row)
             q, c, L, lam = row["settings"]
             print(f"| {eps:g} | {name} | ({q}, {c:g}, {L:g}, {lam:g}) | {m.sensitivity:.3g} | {r['bon']:.3f} | "
                   f"{r['mean']:.3f} | {r['p5']:.3f} | {pct(r['share_mean'])}, {pct(r['share_p5'])} | "
                   f"{pct(row['shipped_share_mean'])}, {pct(row['shipped_share_p5'])} | "
-                  f"{_num(row['train_seconds'], '.0f')} | {_num(row['selection_p5'], '.3f')} |", flush=True)
+                  f"{_num(row['train_seconds'], '.0f')} | {_num(row['selection_p5'], '.3f')} | "
+                  f"{_num(row['candidate_norm_ratio'], '.2f')} |", flush=True)
     if a.out:
         a.out.write_text(json.dumps(rows, indent=1))
 

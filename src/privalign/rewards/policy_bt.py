@@ -538,6 +538,7 @@ def _choose_settings(raw, pid, y, is_val, folds: list[SelectionFold], m: int, pr
                     sc = folds[0].scored
                     row = _candidate_row(phis[0] @ ws[0], q, c, lp_clip, lam, certified_sensitivity(m, lam, k, g_tol),
                                          y[sc], pid[sc], proc)
+                    row["selection_weight_norm"] = float(np.linalg.norm(ws[0]))
                     if release:
                         row.update(_release_score(phis, ws, row["sensitivity"], [y[f.scored] for f in folds],
                                                   [pid[f.scored] for f in folds], proc))
