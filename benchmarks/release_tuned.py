@@ -13,8 +13,8 @@ trains
   person head, which the script checks it reproduces;
 - for each epsilon_w, the release objective's head ((q, c, L, lambda) on the RELEASE_GRID for the
   5th percentile of BoN at n = 16 over 50 release draws, on validation prompts only), once per
-  ``--select-folds`` value (2: the score cross-fitted over both validation halves, the default; 1:
-  one half, as before cross-fitting),
+  ``--select-folds`` value (1: one validation half scores, the default; 2: the score
+  cross-fitted over both halves),
 
 releases each at (epsilon_w, delta) 60 times (seeded) and reports BoN at n = 16 on the TEST
 prompts: mean and 5th percentile over the draws, beside the exact head's BoN and the base policy,
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--epsilon-w", default="3,10")
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--draws", type=int, default=60)
-    ap.add_argument("--select-folds", default="2")
+    ap.add_argument("--select-folds", default="1")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     pid, y, raw = _pool(POOLS / f"{a.task}-train.parquet")

@@ -126,12 +126,13 @@ def test_the_release_objective_chooses_for_the_released_head_on_validation_promp
 
 
 def test_the_release_score_is_cross_fitted_over_both_validation_halves():
-    """select_folds = 2 (the release objective's default): each half is scored by the candidate trained
+    """select_folds = 2 (an option of the release objective): each half is scored by the candidate trained
     on the other, with the same draws; the pooled mean is the prompt-weighted mean of the folds'. A
     file from before cross-fitting retrains with one fold; the PrivBoN objective keeps one."""
     from privalign.rewards.policy_bt import _check_procedure, _release_score, model_procedure
 
-    proc = _check_procedure({"objective": "release", "release_epsilon": 1.0})
+    assert _check_procedure({"objective": "release", "release_epsilon": 1.0})["select_folds"] == 1
+    proc = _check_procedure({"objective": "release", "release_epsilon": 1.0, "select_folds": 2})
     assert proc["select_folds"] == 2 and _check_procedure({})["select_folds"] == 1
     rng = np.random.default_rng(0)
     folds = []
@@ -226,7 +227,7 @@ def test_cli_train_with_the_release_objective(tmp_path):
     assert "release eps_w=1" in res.output and "L = 1" in " ".join(res.output.split())
     model = PolicyBTReward.load(tmp_path / "rm.json")
     assert model.meta["procedure"]["objective"] == "release" and model.meta["lp_clip"] == 1.0
-    assert model.meta["procedure"]["select_folds"] == 2  # cross-fitted by default
+    assert model.meta["procedure"]["select_folds"] == 1  # one fold by default
     assert ReleasedHead.load(tmp_path / "rm.released.json").epsilon == 1.0
 
 

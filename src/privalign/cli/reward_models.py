@@ -37,9 +37,9 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                            "--target-epsilon per query) or release (BoN with the "
                                                            "head released at --release-epsilon, mean and 5th "
                                                            "percentile over draws)"),
-             select_folds: int = typer.Option(2, help="--objective release: 2 scores each validation half with "
-                                                      "the candidate trained on the other (cross-fitted), 1 "
-                                                      "scores one half"),
+             select_folds: int = typer.Option(1, help="--objective release: 1 scores one validation half, 2 "
+                                                      "each half with the candidate trained on the other "
+                                                      "(cross-fitted)"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
              pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
                                                                        "(policy: a person is a train prompt's grader, "

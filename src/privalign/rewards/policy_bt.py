@@ -266,9 +266,9 @@ OBJECTIVES = ("privbon", "release")
 # dimensions, more weight and spread on the log-probability, a larger lambda: a smaller Delta_r)
 RELEASE_GRID = {"lambdas": (0.1, 0.3, 1.0, 3.0, 10.0), "components": (2, 4, 8, 16), "cs": (0.6, 0.8, 0.95, 0.99),
                 "lp_clips": (1.0, 2.0, 4.0)}
-# ... and its release score is cross-fitted: each validation half scored by the candidate trained on
-# the other (``_release_score``), twice the prompts behind the lower-tail estimate
-RELEASE_DEFAULTS = {"select_folds": 2}
+# select_folds = 2 cross-fits its release score (each validation half scored by the candidate trained
+# on the other); one fold stays the default, since two measured no better (docs/experiments.md)
+RELEASE_DEFAULTS = {"select_folds": 1}
 UNITS = ("person", "pair")
 PERSON = ("the person who wrote and graded one train prompt's answers: every preference pair built from that "
           "prompt's graded samples is theirs")
@@ -436,7 +436,7 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
        candidates are trained like the final head (k pairs per person, loss normalised by P_sel k)
        and scored by BoN with the head released at (release_epsilon, release_delta): the 5th
        percentile over ``release_draws`` draws, then the mean (``_release_score``). With
-       ``select_folds=2`` (the release objective's default) the halves also swap roles, and the
+       ``select_folds=2`` the halves also swap roles, and the
        release score pools both: each validation prompt scored by a candidate not trained on it.
        None of this reads D, so the choice (q, c, lambda) and the feature map are the same for every
        D' ~ D: they are fixed, data-independent settings from D's point of view.
