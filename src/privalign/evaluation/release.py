@@ -117,13 +117,16 @@ def release_curves(phi: np.ndarray, w, sigma: float, prompt_ids, correct, n_grid
 
 
 def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon: float, n: int, *,
-                  delta_w: float = 1e-6, draws: int = 60, seed: int = 0, sigma: float | None = None) -> dict:
+                  delta_w: float = 1e-6, draws: int = 60, seed: int = 0, sigma: float | None = None,
+                  rng: np.random.Generator | None = None) -> dict:
     """BoN at n with the head released at (epsilon, delta_w) (or at noise scale ``sigma``), over
     ``draws`` releases drawn from ``default_rng(seed)``: the mean and 5th percentile of its accuracy,
     and the share of the exact head's lift each keeps, (acc - base) / (bon - base), None without a lift.
-    The same seed gives the same Z for every epsilon (common random numbers)."""
+    The same seed gives the same Z for every epsilon (common random numbers); ``rng``, when given,
+    draws them instead."""
     s = head.sigma(epsilon, delta_w) if sigma is None else sigma
-    r = release_curves(phi, head.w, s, prompt_ids, correct, (n,), draws, np.random.default_rng(seed))
+    r = release_curves(phi, head.w, s, prompt_ids, correct, (n,), draws,
+                       np.random.default_rng(seed) if rng is None else rng)
     acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
     lift, p5 = bon - base, float(np.percentile(acc, 5))
     share = (lambda a: float((a - base) / lift)) if lift > 0 else (lambda a: None)

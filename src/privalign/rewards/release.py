@@ -194,21 +194,15 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     more preference data buys through the noise alone (a head on more data is also a better head,
     which this leaves out). ``phi``, the head's own feature coordinates (``Pool.head_features``),
     stands in for ``raw`` (``head_phi``)."""
-    from ..evaluation.release import release_curves
+    from ..evaluation.release import release_share
 
     eps, dlt = check_release(model, epsilon, delta)
     sigma = release_noise_scale(model, eps, dlt, persons)
-    r = release_curves(head_phi(model, raw, phi), model.w, sigma, prompt_ids, correct, (n,), draws, as_generator(rng))
-    acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
-    lift = bon - base
-
-    def share(a):
-        return float((a - base) / lift) if lift > 0 else None
-
-    p5 = float(np.percentile(acc, 5))
-    return {"epsilon": eps, "delta": dlt, "sigma": sigma, "n": n, "draws": draws, "mean": float(acc.mean()),
-            "p5": p5, "accuracies": acc.tolist(), "bon": float(bon), "base": float(base),
-            "share_mean": share(acc.mean()), "share_p5": share(p5)}
+    r = release_share(head_phi(model, raw, phi), study_head(model), prompt_ids, correct, eps, n, delta_w=dlt,
+                      draws=draws, sigma=sigma, rng=as_generator(rng))
+    return {"epsilon": eps, "delta": dlt, "sigma": sigma, "n": n, "draws": draws, "mean": r["mean"], "p5": r["p5"],
+            "accuracies": r["accuracies"].tolist(), "bon": r["bon"], "base": r["base"],
+            "share_mean": r["share_mean"], "share_p5": r["share_p5"]}
 
 
 def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
