@@ -642,3 +642,14 @@ def test_score_head_features_keeps_phi_for_a_certified_head_and_refuses_a_releas
                               "--head-features"])
     assert res.exit_code == 2 and "needs a certified policy-bt head with exact weights" in " ".join(res.output.split())
     assert pool.read_bytes() == before
+
+
+def test_log_bisect_brackets_the_threshold_within_its_tolerance_on_both_scales():
+    from privalign.evaluation.release import log_bisect
+
+    x, below, at = log_bisect(lambda v: v, lambda v: v >= 7.3, 0.01, 1000.0)
+    assert below < 7.3 <= x and x / below <= 1.05 and at == x
+    assert log_bisect(lambda v: v, lambda v: v >= 0, 1.0, 10.0) == (1.0, None, 1.0)
+    assert log_bisect(lambda v: v, lambda v: v >= 100, 1.0, 10.0) == (None, 10.0, 10.0)
+    p, below, _ = log_bisect(lambda v: v, lambda v: v >= 37, 5, 5000, integer=True)
+    assert isinstance(p, int) and below < 37 <= p and (p / below <= 1.05 or p - below <= 1)

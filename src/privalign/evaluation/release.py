@@ -135,41 +135,53 @@ def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon
             "accuracies": acc}
 
 
+def meets_target(r: dict, target: float, tail: float) -> bool:
+    """Whether a ``release_share`` result keeps >= ``target`` of the lift on average and >= ``tail``
+    at the 5th percentile (never, when the head has no lift)."""
+    return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
+
+
+def log_bisect(run, ok, lo, hi, rel: float = 1.05, integer: bool = False) -> tuple:
+    """The smallest x in [lo, hi] with ``ok(run(x))``, for ``ok`` monotone in x: bisection on log x
+    (the geometric mean, rounded with ``integer``) until hi / lo <= ``rel`` (and hi - lo <= 1 with
+    ``integer``). Returns (x, below, run(x)): x = lo and below = None when ``lo`` already holds;
+    x = None, below = hi and run(hi) when not even ``hi`` does; otherwise ``below`` is the largest
+    point tried that fails."""
+    first = run(lo)
+    if ok(first):
+        return lo, None, first
+    last = run(hi)
+    if not ok(last):
+        return None, hi, last
+    a, b = lo, hi
+    while b / a > rel and (not integer or b - a > 1):
+        mid = math.sqrt(a * b)
+        mid = int(round(mid)) if integer else mid
+        r = run(mid)
+        if ok(r):
+            b, last = mid, r
+        else:
+            a = mid
+    return b, a, last
+
+
 def smallest_epsilon(phi: np.ndarray, head: StudyHead, prompt_ids, correct, n: int, *, target: float = 0.9,
                      tail: float = 0.8, delta_w: float = 1e-6, draws: int = 60, seed: int = 0,
                      lo: float = 0.01, hi: float = 1000.0, rel: float = 1.05) -> dict:
     """The smallest epsilon_w in [lo, hi] whose release keeps >= ``target`` of BoN's lift at n on
     average and >= ``tail`` at the 5th percentile (``release_share``, the same draws for every
-    epsilon_w): bisection on log epsilon_w until hi / lo <= ``rel``. Returns {"epsilon_w" (None when
+    epsilon_w): ``log_bisect`` on epsilon_w until hi / lo <= ``rel``. Returns {"epsilon_w" (None when
     not even ``hi`` meets it, or the head has no lift), "met", "at" (the release_share at that
     epsilon_w, or at ``hi``), "below" (an epsilon_w within a factor ``rel`` under it that does not
     meet it; None when ``lo`` does), "target", "tail", "delta_w", "bounds": (lo, hi)}. The share is measured
     against the head's own exact BoN; this is a measurement on the prompts given, and chooses nothing."""
     if not (0 < lo < hi and math.isfinite(hi)):
         raise ValueError(f"the search needs 0 < lo < hi < inf, got lo={lo!r}, hi={hi!r}")
-
-    def run(e):
-        return release_share(phi, head, prompt_ids, correct, e, n, delta_w=delta_w, draws=draws, seed=seed)
-
-    def meets(r):
-        return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
-
-    out = {"target": target, "tail": tail, "delta_w": delta_w, "n": n, "draws": draws, "bounds": (lo, hi)}
-    first = run(lo)
-    if meets(first):
-        return {**out, "epsilon_w": lo, "met": True, "below": None, "at": _short(first)}
-    last = run(hi)
-    if not meets(last):
-        return {**out, "epsilon_w": None, "met": False, "below": hi, "at": _short(last)}
-    a, b = lo, hi
-    while b / a > rel:
-        mid = math.sqrt(a * b)
-        r = run(mid)
-        if meets(r):
-            b, last = mid, r
-        else:
-            a = mid
-    return {**out, "epsilon_w": b, "met": True, "below": a, "at": _short(last)}
+    eps, below, at = log_bisect(
+        lambda e: release_share(phi, head, prompt_ids, correct, e, n, delta_w=delta_w, draws=draws, seed=seed),
+        lambda r: meets_target(r, target, tail), lo, hi, rel)
+    return {"target": target, "tail": tail, "delta_w": delta_w, "n": n, "draws": draws, "bounds": (lo, hi),
+            "epsilon_w": eps, "met": eps is not None, "below": below, "at": _short(at)}
 
 
 def _short(r: dict) -> dict:

@@ -213,30 +213,14 @@ def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct,
     (``release_accuracy`` with ``persons`` = P', the same draws for every P'). Bisection on log P'
     between the head's own P and ``most`` times it, to 5%; returns {"pairs", "persons", "result"},
     with ``pairs`` None when not even ``most`` times the data reaches the target."""
+    from ..evaluation.release import log_bisect, meets_target
+
     own = int(model.meta.get("persons", model.m // model.k))
-
-    def run(p):
-        return release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
-                                np.random.default_rng(seed), persons=p, phi=phi)
-
-    def meets(r):
-        return r["share_mean"] is not None and r["share_mean"] >= target and r["share_p5"] >= tail
-
-    lo, hi = own, own * most
-    first = run(lo)
-    if meets(first):
-        return {"pairs": lo * model.k, "persons": lo, "result": first}
-    last = run(hi)
-    if not meets(last):
-        return {"pairs": None, "persons": None, "result": last}
-    while hi > lo * 1.05 and hi - lo > 1:
-        mid = int(round(math.sqrt(lo * hi)))
-        r = run(mid)
-        if meets(r):
-            hi, last = mid, r
-        else:
-            lo = mid
-    return {"pairs": hi * model.k, "persons": hi, "result": last}
+    persons, _, result = log_bisect(
+        lambda p: release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
+                                   np.random.default_rng(seed), persons=p, phi=phi),
+        lambda r: meets_target(r, target, tail), own, own * most, integer=True)
+    return {"pairs": None if persons is None else persons * model.k, "persons": persons, "result": result}
 
 
 def epsilon_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, delta: float,
