@@ -218,7 +218,8 @@ def release_vs_queries(rows: list[dict], bon: float, base: float, out: Path, nam
     return _save(fig, out, name)
 
 
-def release_vs_n(rows: list[dict], bon: dict, base: float, out: Path, name: str = "release_vs_n") -> list[str]:
+def release_vs_n(rows: list[dict], bon: dict, base: float, out: Path, name: str = "release_vs_n",
+                 title: str = "") -> list[str]:
     """Accuracy against n on the released head, one colour per epsilon_w: BoN (solid) and soft BoN at
     the temperature chosen on held-out prompts (dashed), means over release draws; exact BoN on the
     unreleased head and the base policy for scale. Every point is post-processing of one release."""
@@ -240,7 +241,7 @@ def release_vs_n(rows: list[dict], bon: dict, base: float, out: Path, name: str 
     ax.set_xscale("log", base=2)
     ax.set_xlabel("n (candidates)")
     ax.set_ylabel("accuracy")
-    ax.set_title("released head: BoN and soft BoN against n (means over release draws)", fontsize=9)
+    ax.set_title(title or "released head: BoN and soft BoN against n (means over release draws)", fontsize=9)
     ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     ax.grid(alpha=0.3)
     return _save(fig, out, name)
