@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest test-all bench pools models models-person pools-large clean
+.PHONY: demo test test-oldest test-all bench pools models models-person pools-large heads-large release-heads clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -108,20 +108,42 @@ models-person: $(STAMP)
 # cores), scored by five certified heads: the shipped policy-bt, heads on P = 60 / 20 / 6 of D's
 # persons (the shipped large pools still carry the pair-unit heads m1000 / m300 / m100 of issue 20), and the head trained on the other family's preference data. The features (1.4 GB per
 # pool) and the extra heads stay in results/pools/; the scored pools are shipped.
-pools-large: $(STAMP)
+pools-large: heads-large
+	for t in counting arithmetic-mix; do \
+	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
+	  [ -f $(POOLS)/$$t-large.parquet ] || $(BIN)/privalign generate --task $$t --split test --samples 1024 --seed 2 --features --sampler shared --out $(POOLS)/$$t-large.parquet || exit 1; \
+	  $(BIN)/privalign score $(POOLS)/$$t-large.parquet --reward policy-bt:$(POOLS)/$$t-policy-bt-p60.json \
+	    --reward policy-bt:$(POOLS)/$$t-policy-bt-p20.json --reward policy-bt:$(POOLS)/$$t-policy-bt-p6.json \
+	    --reward policy-bt:$(POOLS)/$$t-policy-bt-from-$$o.json --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
+	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-large.parquet $(DATA)/$$t-large-smollm2.parquet || exit 1; \
+	done
+
+# The extra certified heads of the large pools (pools-large, release-heads): on P = 60 / 20 / 6 of D's
+# persons, and on the other family's preference data; the train pools first if missing.
+heads-large: $(STAMP)
 	mkdir -p $(POOLS)
 	for t in counting arithmetic-mix; do \
 	  [ -f $(POOLS)/$$t-train.parquet ] || $(BIN)/privalign generate --task $$t --split train --samples 32 --seed 1 --features --out $(POOLS)/$$t-train.parquet || exit 1; \
-	  [ -f $(POOLS)/$$t-large.parquet ] || $(BIN)/privalign generate --task $$t --split test --samples 1024 --seed 2 --features --sampler shared --out $(POOLS)/$$t-large.parquet || exit 1; \
 	done
 	for t in counting arithmetic-mix; do \
 	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
 	  for m in 60 20 6; do \
 	    $(BIN)/privalign rm train --task $$t --features policy --pool $(POOLS)/$$t-train.parquet --max-persons $$m --name policy-bt-p$$m --out $(POOLS)/$$t-policy-bt-p$$m.json || exit 1; \
 	  done; \
-	  $(BIN)/privalign rm train --task $$o --features policy --pool $(POOLS)/$$o-train.parquet --name policy-bt-from-$$o --out $(POOLS)/$$t-policy-bt-from-$$o.json && \
-	  $(BIN)/privalign score $(POOLS)/$$t-large.parquet --reward policy-bt:$(POOLS)/$$t-policy-bt-p60.json \
-	    --reward policy-bt:$(POOLS)/$$t-policy-bt-p20.json --reward policy-bt:$(POOLS)/$$t-policy-bt-p6.json \
-	    --reward policy-bt:$(POOLS)/$$t-policy-bt-from-$$o.json --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
-	  $(BIN)/python -c "import sys; from privalign.pools import load_pool; p = load_pool(sys.argv[1]); p.metadata.pop('policy_features', None); p.save(sys.argv[2])" $(POOLS)/$$t-large.parquet $(DATA)/$$t-large-smollm2.parquet || exit 1; \
+	  $(BIN)/privalign rm train --task $$o --features policy --pool $(POOLS)/$$o-train.parquet --name policy-bt-from-$$o --out $(POOLS)/$$t-policy-bt-from-$$o.json || exit 1; \
+	done
+
+# Issue 28's release evidence at large n for every certified head (docs/experiments.md, "The release on
+# every certified head of the large pools"): the first 150 test prompts x 1,024 samples with features
+# (about 15 and 11 min on 2 cores; 720 MB of features each, in results/pools/), then
+# benchmarks/release_heads.py on the shipped pair-unit and person-unit heads and the four of heads-large.
+release-heads: heads-large
+	for t in counting arithmetic-mix; do \
+	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
+	  [ -f $(POOLS)/$$t-large150.parquet ] || $(BIN)/privalign generate --task $$t --split test --limit 150 --samples 1024 --seed 2 --features --sampler shared --out $(POOLS)/$$t-large150.parquet || exit 1; \
+	  $(BIN)/python benchmarks/release_heads.py $(POOLS)/$$t-large150.parquet $(DATA)/$$t-policy-bt.json \
+	    $(DATA)/$$t-policy-bt-person.json $(POOLS)/$$t-policy-bt-p60.json $(POOLS)/$$t-policy-bt-p20.json \
+	    $(POOLS)/$$t-policy-bt-p6.json $(POOLS)/$$t-policy-bt-from-$$o.json \
+	    --out results/release-heads-$$t.json --figure results/release-heads-$$t > results/release-heads-$$t.md && \
+	  cat results/release-heads-$$t.md || exit 1; \
 	done
