@@ -136,12 +136,13 @@ heads-large: $(STAMP)
 # Issue 28's release evidence at large n for every certified head (docs/experiments.md, "The release on
 # every certified head of the large pools"): the first 150 test prompts x 1,024 samples with features
 # (about 15 and 11 min on 2 cores; 720 MB of features each, in results/pools/), then
-# benchmarks/release_heads.py on the shipped pair-unit and person-unit heads and the four of heads-large.
+# benchmarks/release_heads.py on the five heads that can be released: the shipped person-unit head and
+# the four of heads-large (the shipped pair-unit policy-bt cannot: its certificate does not bound a person).
 release-heads: heads-large
 	for t in counting arithmetic-mix; do \
 	  o=$$([ $$t = counting ] && echo arithmetic-mix || echo counting); \
 	  [ -f $(POOLS)/$$t-large150.parquet ] || $(BIN)/privalign generate --task $$t --split test --limit 150 --samples 1024 --seed 2 --features --sampler shared --out $(POOLS)/$$t-large150.parquet || exit 1; \
-	  $(BIN)/python benchmarks/release_heads.py $(POOLS)/$$t-large150.parquet $(DATA)/$$t-policy-bt.json \
+	  $(BIN)/python benchmarks/release_heads.py $(POOLS)/$$t-large150.parquet \
 	    $(DATA)/$$t-policy-bt-person.json $(POOLS)/$$t-policy-bt-p60.json $(POOLS)/$$t-policy-bt-p20.json \
 	    $(POOLS)/$$t-policy-bt-p6.json $(POOLS)/$$t-policy-bt-from-$$o.json \
 	    --out results/release-heads-$$t.json --figure results/release-heads-$$t > results/release-heads-$$t.md && \

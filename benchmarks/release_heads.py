@@ -1,7 +1,7 @@
 """The release study for every certified head of a large pool (issue 28, item 4).
 
     .venv/bin/python benchmarks/release_heads.py POOL.parquet HEAD.json [HEAD.json ...] \
-        [--epsilon-w 0.1,0.3,1,3,10] [--delta 1e-6] [--draws 20] [--n 16] [--seed 0] [--out rows.json] [--figure FOLDER]
+        [--epsilon-w 0.1,0.3,1,3,10] [--delta 1e-6] [--draws 60] [--n 16] [--taus 0.003,0.01,0.03,0.1,0.3,1] [--seed 0] [--out rows.json] [--figure FOLDER]
 
 POOL is a large pool of the heads' policy with recorded features (``privalign generate --samples
 1024 --features``); each HEAD a certified policy-bt head (``rm train``: the shipped pair-unit head,
@@ -14,7 +14,8 @@ for each head ``evaluation.release.release_study`` runs on the two halves:
   over ``--draws`` release draws), against per-query Gumbel PrivBoN spending the same total over
   Q = 10, 100, 1,000 and 10,000 queries under zCDP;
 - at n = 1 to 1,024: BoN and soft BoN on the released head, soft BoN's temperature chosen per
-  epsilon_w on the held-out half (best mean at n = 1,024; not a privacy parameter);
+  epsilon_w on the held-out half from ``--taus`` (best mean at n = 1,024; not a privacy parameter;
+  the grid goes two steps past ``reproduce``'s, up to tau = 1, near uniform choice);
 - the smallest epsilon_w that keeps >= 90% of BoN's lift at n on average and >= 80% at the 5th
   percentile (60 draws, bisection on log epsilon_w).
 
@@ -57,12 +58,13 @@ def _print_head(study: dict, seconds: float) -> None:
         ("none: the exact head has no lift" if at["share_mean"] is None else
          f"not met at {sm['bounds'][1]:g} ({at['share_mean']:.0%} / {at['share_p5']:.0%})")))
     qs = sorted({r["queries"] for r in study["queries"]})
-    print(f"| epsilon_w | release then BoN at {n_ref} (p5) | " + " | ".join(f"per-query, Q = {q:,}" for q in qs) + " |")
+    print(f"| epsilon_w | release then BoN at {n_ref}: mean +- se (p5) | " + " | ".join(f"per-query, Q = {q:,}" for q in qs) + " |")
     print("|---:|---|" + "---:|" * len(qs))
     for e in dict.fromkeys(r["epsilon_w"] for r in study["queries"]):
         rs = {r["queries"]: r for r in study["queries"] if r["epsilon_w"] == e}
         r0 = rs[qs[0]]
-        print(f"| {e:g} | {r0['release_mean']:.3f} ({r0['release_p5']:.3f}) | "
+        se = r0["release_sd"] / study["draws"] ** 0.5
+        print(f"| {e:g} | {r0['release_mean']:.3f} +- {se:.3f} ({r0['release_p5']:.3f}) | "
               + " | ".join(f"{rs[q]['per_query_accuracy']:.3f}" for q in qs) + " |")
     big = max(N_GRID)
     exact = sorted((r["n"], r["exact_head"]) for r in study["n"] if r["selector"] == "bon"
@@ -88,8 +90,9 @@ def main() -> None:
     ap.add_argument("heads", nargs="+")
     ap.add_argument("--epsilon-w", default="0.1,0.3,1,3,10")
     ap.add_argument("--delta", type=float, default=1e-6)
-    ap.add_argument("--draws", type=int, default=20)
+    ap.add_argument("--draws", type=int, default=60)
     ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--taus", default="0.003,0.01,0.03,0.1,0.3,1")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out")
     ap.add_argument("--figure", help="write one accuracy-against-n figure per head to this folder")
@@ -109,7 +112,7 @@ def main() -> None:
     for m in models:
         t1 = time.perf_counter()
         study = release_study(pool, study_head(m), ids[held], ids[test], a.n, N_GRID, epsilons=eps,
-                              delta_w=a.delta, draws=a.draws, seed=a.seed)
+                              taus=tuple(float(t) for t in a.taus.split(",") if t), delta_w=a.delta, draws=a.draws, seed=a.seed)
         _print_head(study, time.perf_counter() - t1)
         if a.figure:
             from privalign.report.figures import release_vs_n

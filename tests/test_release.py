@@ -526,7 +526,9 @@ def test_release_study_tends_to_bon_without_noise_and_puts_per_query_noise_besid
     # BoN at n = 1 picks uniformly whatever the scores: the base policy, every draw
     for row in r["n"]:
         if row["n"] == 1 and row["selector"] == "bon":
-            assert abs(row["mean"] - r["base"]) < 1e-9 and abs(row["p5"] - r["base"]) < 1e-9
+            assert abs(row["mean"] - r["base"]) < 1e-9 and abs(row["p5"] - r["base"]) < 1e-9 and row["sd"] < 1e-9
+    # the spread over draws: none without noise, some at epsilon_w 0.3 (the mean's error is sd / sqrt(draws))
+    assert at[1e6, 10]["release_sd"] < 1e-3 < at[0.3, 10]["release_sd"]
     assert {row["selector"] for row in r["n"]} == {"bon", "soft"} and set(r["tau"]) == {1e6, 0.3}
     assert r["tau"][0.3] in (0.01, 0.1)
 

@@ -211,6 +211,8 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
       once at (epsilon_w, delta_w) then BoN at ``n_ref`` (mean and 5th percentile over draws; flat in
       Q), beside Gumbel PrivBoN at the largest epsilon per query that the zCDP filter admits Q times
       within (epsilon_w, delta_w), by the harness's exact law with the head's Delta_r and range.
+      ``release_sd`` (and ``sd`` below) is the standard deviation over draws: the mean's standard
+      error is sd / sqrt(draws).
     - ``n`` rows: BoN and soft BoN on the released head at each n of ``n_grid``, tau chosen per
       epsilon_w on the held-out prompts (best mean at the largest n; it is not a privacy parameter).
     - ``smallest``: the smallest epsilon_w whose release keeps ``target`` = (mean share, 5th
@@ -243,6 +245,7 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
             eq = planner.plan_epsilons(e, delta_w, q, "privbon", n=n_ref, sensitivity=desc["sensitivity"])["zcdp"]
             q_rows.append({"epsilon_w": e, "delta_w": delta_w, "sigma": sigma, "queries": q, "n": n_ref,
                            "release_mean": float(at_ref.mean()), "release_p5": float(np.percentile(at_ref, 5)),
+                           "release_sd": float(at_ref.std(ddof=1)) if draws > 1 else None,
                            "per_query_epsilon": eq,
                            "per_query_accuracy": accuracy_at(test_pool, base_s, "privbon", eq, n_ref)})
         for key, acc in r["draws"].items():
@@ -250,6 +253,7 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
             n_rows.append({"epsilon_w": e, "delta_w": delta_w, "sigma": sigma,
                            "selector": "bon" if sel == "bon" else "soft", "tau": None if sel == "bon" else sel[1],
                            "n": n, "mean": float(acc.mean()), "p5": float(np.percentile(acc, 5)),
+                           "sd": float(acc.std(ddof=1)) if draws > 1 else None,
                            "exact_head": r["exact"][key]})
     exact_bon = {n: r["exact"][("bon", n)] for n in n_grid}
     smallest = smallest_epsilon(phi[test], head, pid[test], y[test], n_ref, target=target[0], tail=target[1],
