@@ -655,3 +655,37 @@ def test_log_bisect_brackets_the_threshold_within_its_tolerance_on_both_scales()
     assert log_bisect(lambda v: v, lambda v: v >= 100, 1.0, 10.0) == (None, 10.0, 10.0)
     p, below, _ = log_bisect(lambda v: v, lambda v: v >= 37, 5, 5000, integer=True)
     assert isinstance(p, int) and below < 37 <= p and (p / below <= 1.05 or p - below <= 1)
+
+
+def test_plan_shows_the_cost_of_k_pairs_per_person_and_reproduces_the_probe_at_k_1():
+    """plan --pairs 4325 --pairs-per-person k on the shipped counting pool: the noise of a head on the
+    probe's 4,325 pairs with k from each person (w held fixed). At k = 1 a release at (0.3, 1e-6) keeps
+    >= 90% of BoN's lift on average (the issue's probe); the share falls as k grows, since Delta_r
+    grows like k; the per-query table's Delta_r is rescaled by the same k' m / (k m')."""
+    from privalign.rewards.release import release_noise_scale
+
+    pool, model = _shipped("counting")
+    args = ["plan", "--epsilon-total", "0.3", "--delta-total", "1e-6", "--queries", "100", "--pool",
+            str(_shipped_path("counting-smollm2.parquet")), "--reward", "policy-bt-person", "--release-epsilon", "0.3",
+            "--model", str(_shipped_path("counting-policy-bt-person.json")), "--pairs", "4325"]
+    shares = {}
+    for k in (1, 4, 16):
+        res = CliRunner().invoke(app, args + ["--pairs-per-person", str(k)])
+        out = " ".join(res.output.split())
+        assert res.exit_code == 0, res.output
+        persons = -(-4325 // k)
+        assert f"noise of a head on {persons * k} pairs ({persons} persons of k = {k}; w held fixed)" in out
+        assert f"m = 4325 pairs, k = {k} per person (rescaled from 1424)" in out
+        share = out.split("│ 0.3 │")[1].split("│")[2].split("/")[0].strip()
+        shares[k] = float(share.rstrip("%")) / 100
+    assert shares[1] >= 0.9 and shares[1] > shares[4] > shares[16]
+    # the noise of P' persons of k' pairs: Delta_r = 4 k' / (P' k' lambda) + 2 g_tol / lambda
+    s1, s16 = (release_noise_scale(model, 0.3, 1e-6, persons=-(-4325 // k), pairs_per_person=k) for k in (1, 16))
+    assert 15 < s16 / s1 < 17
+    with pytest.raises(ValueError, match="persons and pairs_per_person must be >= 1"):
+        release_noise_scale(model, 0.3, 1e-6, persons=10, pairs_per_person=0)
+    for bad, message in ((["--pairs-per-person", "0"], "pairs_per_person=0"),):
+        res = CliRunner().invoke(app, args + bad)
+        assert res.exit_code == 2 and message in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["plan", "--epsilon-total", "1", "--queries", "10", "--pairs-per-person", "4"])
+    assert res.exit_code == 2 and "--pairs-per-person need --pool" in res.output

@@ -29,6 +29,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
          pool: Optional[Path] = typer.Option(None, help="a scored pool: add the accuracy each gives"),
          reward: Optional[str] = typer.Option(None, help="its certified reward column"),
          pairs: Optional[int] = typer.Option(None, help="rescale Delta_r to a head on this many pairs"),
+         pairs_per_person: Optional[int] = typer.Option(None, help="rescale Delta_r to a head whose persons give "
+                                                                  "this many pairs each (k; with --pairs, or the "
+                                                                  "head's own m)"),
          model: Optional[Path] = typer.Option(None, help="a certified policy-bt head (exact file) and --pool with its "
                                                          "features: add the release-then-BoN mode"),
          release_epsilon: Optional[str] = typer.Option(None, help="with --model: epsilon_w values to compare "
@@ -56,12 +59,12 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
         from ..evaluation.planning import plan_base
 
         try:
-            base, desc = plan_base(_load(pool), reward, pairs, delta, beta, max_rounds)
+            base, desc = plan_base(_load(pool), reward, pairs, delta, beta, max_rounds, pairs_per_person)
         except (ValueError, KeyError) as e:
             _fail(str(e))
         sensitivity = desc["sensitivity"] if sensitivity is None else sensitivity
-    elif pairs is not None:
-        _fail("--pairs needs --pool (the reward model whose Delta_r it rescales)")
+    elif pairs is not None or pairs_per_person is not None:
+        _fail("--pairs and --pairs-per-person need --pool (the reward model whose Delta_r they rescale)")
     kw = dict(n=n, sensitivity=0.01 if sensitivity is None else sensitivity, beta=beta, delta=delta,
               max_rounds=max_rounds)
     try:
@@ -83,9 +86,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
     acc, refs = _print_compositions(out, title, counts, eps_of, pool, base, mechanism, n)
     if inputs is not None:
         _plan_release(out, *inputs, release_epsilon, epsilon_total, delta_total, n, draws, seed,
-                      acc if desc is not None else None, pairs, target_share)
+                      acc if desc is not None else None, pairs, target_share, pairs_per_person)
     if refs is not None:
-        out.print(f"reward {desc['reward']}: m = {desc['m']} pairs"
+        out.print(f"reward {desc['reward']}: m = {desc['m']} pairs, k = {desc['pairs_per_person']} per person"
                   f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
                   f", Delta_r = {desc['sensitivity']:.3g} of the range; BoN (n={n}) {refs['bon']:.3f}, "
                   f"base policy {refs['base']:.3f}")
@@ -148,9 +151,11 @@ def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[fl
 
 
 def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta_total, n, draws, seed,
-                  per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None) -> None:
+                  per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None,
+                  pairs_per_person: Optional[int] = None) -> None:
     """``plan --model``: the release-then-BoN mode beside per-query noise, and which to use; with
-    ``--pairs`` the release's noise is that of a head on that many pairs; with ``--target-share``
+    ``--pairs`` (and ``--pairs-per-person`` k) the release's noise is that of a head on that many
+    pairs (the head's own m by default), k from each person (w held fixed); with ``--target-share``
     the fewest pairs for which the release keeps that share of BoN's lift, and the smallest epsilon_w
     for which it does with the head's own persons."""
     import math
@@ -160,10 +165,13 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
     from ..rewards.release import release_accuracy
 
     eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
-    persons = None if pairs is None else max(1, math.ceil(pairs / head.k))
+    k = head.k if pairs_per_person is None else pairs_per_person
+    rescaled = pairs is not None or pairs_per_person is not None
+    persons = max(1, math.ceil((head.m if pairs is None else pairs) / k)) if rescaled else None
     table = Table(title=f"release once at (epsilon_w, {delta_total:g}), then BoN (n={n}): queries unlimited; "
                         f"{draws} release draws" + ("" if persons is None else
-                                                    f"; noise of a head on {persons * head.k} pairs ({persons} persons)"))
+                                                    f"; noise of a head on {persons * k} pairs ({persons} persons "
+                                                    f"of k = {k}; w held fixed)"))
     for col in ("epsilon_w", "accuracy (mean)", "5th percentile", "share of BoN's lift (mean / 5th pct)"):
         table.add_column(col, justify="right")
     rows = []
@@ -171,7 +179,8 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
         for e in eps_list:
             try:
                 r = release_accuracy(head, None, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total, n,
-                                     draws, np.random.default_rng(seed), persons=persons, phi=phi)
+                                     draws, np.random.default_rng(seed), persons=persons, phi=phi,
+                                     pairs_per_person=k if rescaled else None)
             except ValueError as err:
                 _fail(str(err))
             rows.append(r)
@@ -182,7 +191,7 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
               f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
     if target_share is not None:
-        _print_pairs_for_share(out, head, p, phi, eps_list, delta_total, target_share, tail, n, draws, seed)
+        _print_pairs_for_share(out, head, p, phi, eps_list, delta_total, target_share, tail, n, draws, seed, k)
         _print_epsilon_for_share(out, head, p, phi, delta_total, target_share, tail, n, draws, seed)
     best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
     full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
@@ -211,26 +220,27 @@ def _head_phi(head, p, pool: Path) -> np.ndarray:
 
 
 def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, target_share: float, tail: float, n: int,
-                           draws: int, seed: int) -> None:
-    """``plan --target-share``: per epsilon_w, the fewest preference pairs whose release keeps that
-    share of BoN's lift on average and ``tail`` at the 5th percentile (``release.pairs_for_share``)."""
+                           draws: int, seed: int, k: int) -> None:
+    """``plan --target-share``: per epsilon_w, the fewest preference pairs, k from each person, whose
+    release keeps that share of BoN's lift on average and ``tail`` at the 5th percentile
+    (``release.pairs_for_share``)."""
     from ..rewards.release import pairs_for_share
 
     with console.status("sizing the preference data"):
         for e in eps_list:
             got = pairs_for_share(head, None, p.columns["prompt_id"], p.columns["true_reward"], e, delta_total,
-                                  target_share, tail, n, draws, seed, phi=phi)
+                                  target_share, tail, n, draws, seed, phi=phi, pairs_per_person=k)
             r = got["result"]
             if r["share_mean"] is None:
                 out.print(f"BoN with the exact head has no lift on this pool ({r['bon']:.3f} against the base "
                           f"policy's {r['base']:.3f}): no amount of preference data makes a release keep a share of it")
                 break
             if got["pairs"] is None:
-                out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * head.k}"
+                out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * k}"
                           f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
                           f"{r['share_p5']:.0%} at the 5th percentile)")
             else:
-                out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {head.k}) keep "
+                out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {k}) keep "
                           f"{r['share_mean']:.0%} of the lift on average and {r['share_p5']:.0%} at the 5th "
                           f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)")
 

@@ -19,21 +19,28 @@ from .reward_info import declared_reward
 
 
 def plan_base(pool: Pool, reward: str | None = None, pairs: int | None = None, delta: float = 1e-8,
-              beta: float = 0.05, max_rounds: int | None = None) -> tuple[EvalSettings, dict]:
+              beta: float = 0.05, max_rounds: int | None = None,
+              pairs_per_person: int | None = None) -> tuple[EvalSettings, dict]:
     """Settings for the pool's certified reward model (its declared range and Delta_r), rescaled to
-    ``pairs``, PrivITP capped at ``max_rounds``; returns (settings, a description of the model)."""
+    ``pairs`` = m' (default its own m) with ``pairs_per_person`` = k' (default its own k): Delta_r
+    scales as k' m / (k m'), from Delta_r = 4k/(m lambda). PrivITP capped at ``max_rounds``; returns
+    (settings, a description of the model)."""
     s = declared_reward(pool, EvalSettings(reward=reward, delta=delta, beta=beta, max_rounds=max_rounds))
     if s.sensitivity is None:
         raise ValueError(f"the pool records no certified sensitivity for reward {s.reward!r}: plan needs a certified "
                          "reward model (policy-bt, minilm-bt)")
     info = pool.metadata["reward_model_info"][s.reward]
     m0 = (info.get("certificate") or {}).get("m")
-    desc = {"reward": s.reward, "m": m0, "sensitivity": s.sensitivity}
-    if pairs is not None:
-        if pairs < 1 or not m0:
-            raise ValueError(f"pairs must be >= 1 and the model must record its m, got pairs={pairs!r}, m={m0!r}")
-        s = replace(s, sensitivity=min(1.0, s.sensitivity * m0 / pairs))
-        desc.update(m=pairs, sensitivity=s.sensitivity, rescaled_from=m0)
+    k0 = int((info.get("certificate") or {}).get("pairs_per_person") or 1)
+    desc = {"reward": s.reward, "m": m0, "sensitivity": s.sensitivity, "pairs_per_person": k0}
+    if pairs is not None or pairs_per_person is not None:
+        m1 = m0 if pairs is None else pairs
+        k1 = k0 if pairs_per_person is None else pairs_per_person
+        if not m0 or m1 < 1 or k1 < 1:
+            raise ValueError(f"pairs and pairs_per_person must be >= 1 and the model must record its m, got "
+                             f"pairs={pairs!r}, pairs_per_person={pairs_per_person!r}, m={m0!r}")
+        s = replace(s, sensitivity=min(1.0, s.sensitivity * (m0 / m1) * (k1 / k0)))
+        desc.update(m=m1, pairs_per_person=k1, sensitivity=s.sensitivity, rescaled_from=m0)
     return s, desc
 
 

@@ -188,6 +188,12 @@ def _short(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "accuracies"}
 
 
+def _spread(acc: np.ndarray, prefix: str = "") -> dict:
+    """The mean of the draws' accuracies, their 5th percentile and standard deviation (None for one draw)."""
+    return {f"{prefix}mean": float(acc.mean()), f"{prefix}p5": float(np.percentile(acc, 5)),
+            f"{prefix}sd": float(acc.std(ddof=1)) if acc.size > 1 else None}
+
+
 def _head_features(pool: Pool, head: StudyHead) -> np.ndarray:
     phi = pool.head_features(head.name)
     recorded = (pool.metadata.get("head_features") or {}).get(head.name, {})
@@ -244,17 +250,13 @@ def release_study(pool: Pool, head: StudyHead, held_ids, test_ids, n_ref: int, n
         for q in queries:
             eq = planner.plan_epsilons(e, delta_w, q, "privbon", n=n_ref, sensitivity=desc["sensitivity"])["zcdp"]
             q_rows.append({"epsilon_w": e, "delta_w": delta_w, "sigma": sigma, "queries": q, "n": n_ref,
-                           "release_mean": float(at_ref.mean()), "release_p5": float(np.percentile(at_ref, 5)),
-                           "release_sd": float(at_ref.std(ddof=1)) if draws > 1 else None,
-                           "per_query_epsilon": eq,
+                           **_spread(at_ref, "release_"), "per_query_epsilon": eq,
                            "per_query_accuracy": accuracy_at(test_pool, base_s, "privbon", eq, n_ref)})
         for key, acc in r["draws"].items():
             sel, n = key
             n_rows.append({"epsilon_w": e, "delta_w": delta_w, "sigma": sigma,
                            "selector": "bon" if sel == "bon" else "soft", "tau": None if sel == "bon" else sel[1],
-                           "n": n, "mean": float(acc.mean()), "p5": float(np.percentile(acc, 5)),
-                           "sd": float(acc.std(ddof=1)) if draws > 1 else None,
-                           "exact_head": r["exact"][key]})
+                           "n": n, **_spread(acc), "exact_head": r["exact"][key]})
     exact_bon = {n: r["exact"][("bon", n)] for n in n_grid}
     smallest = smallest_epsilon(phi[test], head, pid[test], y[test], n_ref, target=target[0], tail=target[1],
                                 delta_w=delta_w, draws=target_draws, seed=seed)

@@ -63,17 +63,25 @@ def check_release(model: PolicyBTReward, epsilon, delta) -> tuple[float, float]:
     return eps, dlt
 
 
-def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float, persons: int | None = None) -> float:
+def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float, persons: int | None = None,
+                        pairs_per_person: int | None = None) -> float:
     """sigma: the analytic Gaussian scale for L2 sensitivity Delta_r = ``model.sensitivity``, or, with
-    ``persons`` = P', the Delta_r of the same procedure on P' persons (m' = P' k pairs):
-    4 k / (m' lambda) + 2 g_tol / lambda."""
+    ``persons`` = P' (and ``pairs_per_person`` = k', default the model's k), the Delta_r of the same
+    procedure on P' persons of k' pairs each (m' = P' k' pairs): 4 k' / (m' lambda) + 2 g_tol / lambda.
+    This what-if keeps delta as given (checked against the model's own P): a head really trained on
+    P' persons would want delta < 1/P' as well."""
     from ..accounting import gaussian_mechanism_noise_scale
     from .embedding_bt import certified_sensitivity
 
     eps, dlt = check_release(model, epsilon, delta)
-    sens = model.sensitivity if persons is None else certified_sensitivity(int(persons) * model.k, model.lam, model.k,
-                                                                           model.g_tol)
-    return gaussian_mechanism_noise_scale(eps, sens, dlt)
+    if persons is None and pairs_per_person is None:
+        return gaussian_mechanism_noise_scale(eps, model.sensitivity, dlt)
+    k = model.k if pairs_per_person is None else int(pairs_per_person)
+    p = int(model.meta.get("persons", model.m // model.k)) if persons is None else int(persons)
+    if k < 1 or p < 1:
+        raise ValueError(f"persons and pairs_per_person must be >= 1, got persons={persons!r}, "
+                         f"pairs_per_person={pairs_per_person!r}")
+    return gaussian_mechanism_noise_scale(eps, certified_sensitivity(p * k, model.lam, k, model.g_tol), dlt)
 
 
 class ReleasedHead(PolicyScoring, RewardModel):
@@ -182,7 +190,8 @@ def head_phi(model: PolicyBTReward, raw: np.ndarray | None, phi: np.ndarray | No
 
 def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
                      n: int = 16, draws: int = 60, rng: np.random.Generator | None = None,
-                     persons: int | None = None, phi: np.ndarray | None = None) -> dict:
+                     persons: int | None = None, phi: np.ndarray | None = None,
+                     pairs_per_person: int | None = None) -> dict:
     """What a release at (epsilon, delta) keeps of BoN's lift on a pool, over ``draws`` release draws.
 
     For each draw w~ = w + sigma Z, BoN's accuracy at n (candidates drawn with replacement from each
@@ -192,12 +201,12 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     deployment lives with one draw: the 5th percentile is its lower tail. With ``persons`` = P', the
     noise is that of a head on P' persons (``release_noise_scale``) while w stays the head's own: what
     more preference data buys through the noise alone (a head on more data is also a better head,
-    which this leaves out). ``phi``, the head's own feature coordinates (``Pool.head_features``),
+    which this leaves out); ``pairs_per_person`` = k' makes them P' persons of k' pairs each. ``phi``, the head's own feature coordinates (``Pool.head_features``),
     stands in for ``raw`` (``head_phi``)."""
     from ..evaluation.release import release_share
 
     eps, dlt = check_release(model, epsilon, delta)
-    sigma = release_noise_scale(model, eps, dlt, persons)
+    sigma = release_noise_scale(model, eps, dlt, persons, pairs_per_person)
     r = release_share(head_phi(model, raw, phi), study_head(model), prompt_ids, correct, eps, n, delta_w=dlt,
                       draws=draws, sigma=sigma, rng=as_generator(rng))
     return {"epsilon": eps, "delta": dlt, "sigma": sigma, "n": n, "draws": draws, "mean": r["mean"], "p5": r["p5"],
@@ -207,20 +216,22 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
 
 def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, epsilon: float, delta: float,
                     target: float = 0.9, tail: float = 0.8, n: int = 16, draws: int = 60, seed: int = 0,
-                    most: int = 10_000, phi: np.ndarray | None = None) -> dict:
+                    most: int = 10_000, phi: np.ndarray | None = None, pairs_per_person: int | None = None) -> dict:
     """The fewest preference pairs m' = P' k for which a release at (epsilon, delta) keeps at least
     ``target`` of BoN's lift on average and ``tail`` at the 5th percentile of the draws
-    (``release_accuracy`` with ``persons`` = P', the same draws for every P'). Bisection on log P'
-    between the head's own P and ``most`` times it, to 5%; returns {"pairs", "persons", "result"},
-    with ``pairs`` None when not even ``most`` times the data reaches the target."""
+    (``release_accuracy`` with ``persons`` = P', the same draws for every P'; k = ``pairs_per_person``
+    when given, else the model's). Bisection on log P' between the head's own P and ``most`` times
+    it, to 5%; returns {"pairs", "persons", "result"}, with ``pairs`` None when not even ``most``
+    times the data reaches the target."""
     from ..evaluation.release import log_bisect, meets_target
 
     own = int(model.meta.get("persons", model.m // model.k))
+    k = model.k if pairs_per_person is None else int(pairs_per_person)
     persons, _, result = log_bisect(
         lambda p: release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
-                                   np.random.default_rng(seed), persons=p, phi=phi),
+                                   np.random.default_rng(seed), persons=p, phi=phi, pairs_per_person=k),
         lambda r: meets_target(r, target, tail), own, own * most, integer=True)
-    return {"pairs": None if persons is None else persons * model.k, "persons": persons, "result": result}
+    return {"pairs": None if persons is None else persons * k, "persons": persons, "result": result}
 
 
 def epsilon_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, delta: float,
