@@ -135,7 +135,7 @@ heads-large: $(STAMP)
 
 # Issue 28's release evidence at large n for every certified head (docs/experiments.md, "The release on
 # every certified head of the large pools"): the first 150 test prompts x 1,024 samples with features
-# (about 15 and 11 min on 2 cores; 720 MB of features each, in results/pools/), then
+# (about 14 and 9 min on 2 cores; 720 MB of features each, in results/pools/), then
 # benchmarks/release_heads.py on the five heads that can be released: the shipped person-unit head and
 # the four of heads-large (the shipped pair-unit policy-bt cannot: its certificate does not bound a person).
 release-heads: heads-large
