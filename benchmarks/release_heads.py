@@ -109,7 +109,7 @@ def main() -> None:
           f"delta_w = {a.delta:g}, {a.draws} release draws; scored in {time.perf_counter() - t0:.0f} s")
     eps = tuple(float(v) for v in a.epsilon_w.split(",") if v)
     studies = []
-    for m in models:
+    for path, m in zip(a.heads, models):
         t1 = time.perf_counter()
         study = release_study(pool, study_head(m), ids[held], ids[test], a.n, N_GRID, epsilons=eps,
                               taus=tuple(float(t) for t in a.taus.split(",") if t), delta_w=a.delta, draws=a.draws, seed=a.seed)
@@ -121,8 +121,7 @@ def main() -> None:
             release_vs_n(study["n"], study["bon"], study["base"], Path(a.figure),
                          f"release-large-{Path(a.pool).stem}-{m.name}",
                          f"{m.name} (Delta_r {m.sensitivity:.3g}) released: BoN and soft BoN against n")
-        study["smallest"]["at"].pop("accuracies", None)
-        studies.append({"path": a.heads[models.index(m)], **study, "tau": {str(k): v for k, v in study["tau"].items()}})
+        studies.append({"path": path, **study, "tau": {str(k): v for k, v in study["tau"].items()}})
     if a.out:
         Path(a.out).write_text(json.dumps({"pool": a.pool, "studies": studies}, indent=1, default=float))
     print(f"\n{time.perf_counter() - t0:.0f} s in all")

@@ -189,7 +189,7 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
     out.print(table)
     r0 = rows[0]
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
-              f"{head.meta.get('persons')} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
+              f"{head.persons} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
     if target_share is not None:
         _print_pairs_for_share(out, head, p, phi, eps_list, delta_total, target_share, tail, n, draws, seed, k)
         _print_epsilon_for_share(out, head, p, phi, delta_total, target_share, tail, n, draws, seed)
@@ -236,7 +236,7 @@ def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, targ
                           f"policy's {r['base']:.3f}): no amount of preference data makes a release keep a share of it")
                 break
             if got["pairs"] is None:
-                out.print(f"epsilon_w {e:g}: even {int(head.meta.get('persons', head.m // head.k)) * 10_000 * k}"
+                out.print(f"epsilon_w {e:g}: even {head.persons * 10_000 * k}"
                           f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
                           f"{r['share_p5']:.0%} at the 5th percentile)")
             else:
@@ -254,7 +254,7 @@ def _print_epsilon_for_share(out, head, p, phi, delta_total: float, target_share
     with console.status("searching epsilon_w"):
         got = epsilon_for_share(head, None, p.columns["prompt_id"], p.columns["true_reward"], delta_total,
                                 target_share, tail, n, draws, seed, phi=phi)
-    r, persons = got["at"], int(head.meta.get("persons", head.m // head.k))
+    r, persons = got["at"], head.persons
     if r["share_mean"] is None:
         out.print(f"with its own {persons} persons: BoN has no lift on this pool, so no epsilon_w keeps a share of it")
     elif got["met"]:

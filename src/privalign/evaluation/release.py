@@ -120,7 +120,7 @@ def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon
                   delta_w: float = 1e-6, draws: int = 60, seed: int = 0, sigma: float | None = None,
                   rng: np.random.Generator | None = None) -> dict:
     """BoN at n with the head released at (epsilon, delta_w) (or at noise scale ``sigma``), over
-    ``draws`` releases drawn from ``default_rng(seed)``: the mean and 5th percentile of its accuracy,
+    ``draws`` releases drawn from ``default_rng(seed)``: the mean, 5th percentile and sd of its accuracy,
     and the share of the exact head's lift each keeps, (acc - base) / (bon - base), None without a lift.
     The same seed gives the same Z for every epsilon (common random numbers); ``rng``, when given,
     draws them instead."""
@@ -128,10 +128,10 @@ def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon
     r = release_curves(phi, head.w, s, prompt_ids, correct, (n,), draws,
                        np.random.default_rng(seed) if rng is None else rng)
     acc, bon, base = r["draws"][("bon", n)], r["exact"][("bon", n)], r["base"]
-    lift, p5 = bon - base, float(np.percentile(acc, 5))
+    lift, spread = bon - base, _spread(acc)
     share = (lambda a: float((a - base) / lift)) if lift > 0 else (lambda a: None)
-    return {"epsilon_w": epsilon, "sigma": s, "n": n, "draws": draws, "mean": float(acc.mean()), "p5": p5,
-            "bon": float(bon), "base": float(base), "share_mean": share(acc.mean()), "share_p5": share(p5),
+    return {"epsilon_w": epsilon, "sigma": s, "n": n, "draws": draws, **spread, "bon": float(bon),
+            "base": float(base), "share_mean": share(spread["mean"]), "share_p5": share(spread["p5"]),
             "accuracies": acc}
 
 

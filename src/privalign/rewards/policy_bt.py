@@ -174,11 +174,16 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
         """The unit of privacy of the certificate: ``person`` (``PreferenceData``) or the legacy ``pair``."""
         return ((self.meta or {}).get("procedure") or {}).get("unit", "pair")
 
+    @property
+    def persons(self) -> int:
+        """P, the persons in D (the certificate's ``persons``), or m // k for a file that does not record it."""
+        return int(self.meta.get("persons", self.m // self.k))
+
     def adjacency(self) -> str:
         if self.unit != "person":
             return (super().adjacency() + "; legacy unit: each pair counted as its own person, which under-states "
                     "one person's effect when they gave several pairs (retrain with unit 'person')")
-        persons = self.meta.get("persons", self.m // self.k)
+        persons = self.persons
         return (f"person-level replacement: D and D' differ in one person's preference pairs (at most k = {self.k}, "
                 f"replaced by at most {self.k} others), P = {persons} persons either way, loss normalised by "
                 f"m = P k = {self.m}; a person is {PERSON}")

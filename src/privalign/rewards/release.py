@@ -56,7 +56,7 @@ def check_release(model: PolicyBTReward, epsilon, delta) -> tuple[float, float]:
         raise ValueError(f"epsilon and delta must be numbers, got {epsilon!r} and {delta!r}") from None
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"epsilon must be positive and finite, got {epsilon!r}")
-    persons = int(model.meta.get("persons", model.m // model.k))
+    persons = model.persons
     if not (math.isfinite(dlt) and 0 < dlt < 1 / persons):
         raise ValueError(f"delta must lie in (0, 1/P) = (0, {1 / persons:.3g}) for P = {persons} persons, "
                          f"got {delta!r}")
@@ -77,7 +77,7 @@ def release_noise_scale(model: PolicyBTReward, epsilon: float, delta: float, per
     if persons is None and pairs_per_person is None:
         return gaussian_mechanism_noise_scale(eps, model.sensitivity, dlt)
     k = model.k if pairs_per_person is None else int(pairs_per_person)
-    p = int(model.meta.get("persons", model.m // model.k)) if persons is None else int(persons)
+    p = model.persons if persons is None else int(persons)
     if k < 1 or p < 1:
         raise ValueError(f"persons and pairs_per_person must be >= 1, got persons={persons!r}, "
                          f"pairs_per_person={pairs_per_person!r}")
@@ -152,7 +152,7 @@ def study_head(model: PolicyBTReward) -> "StudyHead":
 
     check_release(model, 1.0, 1e-12)
     return StudyHead(model.name, tuple(float(v) for v in model.w), float(model.sensitivity),
-                     int(model.meta.get("persons", model.m // model.k)), int(model.k),
+                     model.persons, int(model.k),
                      tuple(float(v) for v in model.output_range), model.meta["head_id"])
 
 
@@ -163,7 +163,7 @@ def release_head(model: PolicyBTReward, epsilon: float, delta: float,
     eps, dlt = check_release(model, epsilon, delta)
     sigma = release_noise_scale(model, eps, dlt)
     w_tilde = draw_release(model.w, sigma, as_generator(rng))
-    persons = int(model.meta.get("persons", model.m // model.k))
+    persons = model.persons
     release = {"epsilon": eps, "delta": dlt, "sigma": sigma, "sensitivity": model.sensitivity,
                "adjacency": model.adjacency(), "procedure": PROCEDURE, "hyperparameters": model.hyperparameters(),
                "persons": persons, "pairs_per_person": model.k, "m": model.m, "lambda": model.lam,
@@ -201,8 +201,9 @@ def release_accuracy(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct
     deployment lives with one draw: the 5th percentile is its lower tail. With ``persons`` = P', the
     noise is that of a head on P' persons (``release_noise_scale``) while w stays the head's own: what
     more preference data buys through the noise alone (a head on more data is also a better head,
-    which this leaves out); ``pairs_per_person`` = k' makes them P' persons of k' pairs each. ``phi``, the head's own feature coordinates (``Pool.head_features``),
-    stands in for ``raw`` (``head_phi``)."""
+    which this leaves out); ``pairs_per_person`` = k' makes them P' persons of k' pairs each.
+    ``phi``, the head's own feature coordinates (``Pool.head_features``), stands in for ``raw``
+    (``head_phi``)."""
     from ..evaluation.release import release_share
 
     eps, dlt = check_release(model, epsilon, delta)
@@ -225,7 +226,7 @@ def pairs_for_share(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct,
     times the data reaches the target."""
     from ..evaluation.release import log_bisect, meets_target
 
-    own = int(model.meta.get("persons", model.m // model.k))
+    own = model.persons
     k = model.k if pairs_per_person is None else int(pairs_per_person)
     persons, _, result = log_bisect(
         lambda p: release_accuracy(model, raw, prompt_ids, correct, epsilon, delta, n, draws,
