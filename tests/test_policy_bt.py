@@ -11,6 +11,7 @@ from privalign.cli import app
 from privalign.pipeline import features_path, generate_pool, pool_features, save_features, score_pool
 from privalign.metrics import within_prompt_auc
 from privalign.pools import Pool, load_pool
+from privalign.preferences.splits import split_ids as split_train_prompts
 from privalign.pipeline import load_reward
 from privalign.rewards.policy_bt import (
     FeatureMap,
@@ -19,7 +20,7 @@ from privalign.rewards.policy_bt import (
     model_procedure,
     retrain,
     preference_rows,
-    split_train_prompts,
+
     train_policy_bt,
     train_procedure,
 )

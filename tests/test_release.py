@@ -100,7 +100,8 @@ RELEASE_KW = dict(objective="release", release_epsilon=1.0, lambdas=(1.0, 10.0),
 
 
 def test_the_release_objective_chooses_for_the_released_head_on_validation_prompts_only():
-    from privalign.rewards.policy_bt import model_procedure, retrain, split_train_prompts, train_procedure
+    from privalign.rewards.policy_bt import model_procedure, retrain, train_procedure
+    from privalign.preferences.splits import split_ids as split_train_prompts
     from privalign.rewards.release import release_accuracy
 
     pid, y, raw = synthetic_pool(prompts=120)

@@ -41,6 +41,9 @@ from typing import Protocol
 import numpy as np
 
 from ..metrics import softmax_rows, within_prompt_auc
+from ..preferences.bounding import bound_per_person
+from ..preferences.pairs import preference_rows
+from ..preferences.splits import split_ids, subsample_ids
 from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
 
 
@@ -215,35 +218,6 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
 # ---------------------------------------------------------------------------------- training
 
 
-def split_train_prompts(prompt_ids, fit_fraction: float = 0.6, seed: int = 0) -> tuple[set, set]:
-    """A seeded split of the train prompts into (fit: preference data D, validation)."""
-    if not 0 < fit_fraction < 1:
-        raise ValueError(f"fit_fraction must lie in (0, 1), got {fit_fraction!r}")
-    ids = np.unique(np.asarray(prompt_ids, str))
-    perm = np.random.default_rng(seed).permutation(ids.size)
-    k = max(1, min(ids.size - 1, int(round(fit_fraction * ids.size))))
-    return set(ids[perm[:k]]), set(ids[perm[k:]])
-
-
-def preference_rows(prompt_ids, correct, prompts: set, pairs_per_prompt: int, seed: int = 0
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (chosen, rejected): for each prompt in ``prompts`` with correct and incorrect
-    samples, up to ``pairs_per_prompt`` distinct (correct, incorrect) pairs drawn at random."""
-    rng = np.random.default_rng(seed)
-    pid = np.asarray(prompt_ids, str)
-    good = np.asarray(correct, float) >= 0.5
-    chosen, rejected = [], []
-    for p in sorted(prompts):
-        rows = np.flatnonzero(pid == p)
-        c, w = rows[good[rows]], rows[~good[rows]]
-        if c.size == 0 or w.size == 0:
-            continue
-        pick = rng.choice(c.size * w.size, size=min(pairs_per_prompt, c.size * w.size), replace=False)
-        chosen += c[pick // w.size].tolist()
-        rejected += w[pick % w.size].tolist()
-    return np.array(chosen, int), np.array(rejected, int)
-
-
 def softmax_selection_accuracy(scores, correct, prompt_ids, temperature: float, n: int = 16, draws: int = 400,
                                seed: int = 0) -> float:
     """Mean accuracy of Gumbel PrivBoN (softmax at ``temperature`` over n candidates drawn with
@@ -298,17 +272,6 @@ class PreferenceData:
     dropped: int            # pairs beyond k per person, dropped before training (D-derived: private)
 
 
-def bound_per_person(person: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
-    """Indices that keep at most ``k`` pairs of each person, a seeded uniform choice, in the input order."""
-    person = np.asarray(person)
-    rng = np.random.default_rng([seed, 3])
-    keep = []
-    for p in np.unique(person):
-        rows = np.flatnonzero(person == p)
-        keep.append(rows if rows.size <= k else np.sort(rng.choice(rows, k, replace=False)))
-    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, int)
-
-
 def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> PreferenceData:
     """Build D from the fit prompts' graded samples under the procedure's unit (``PreferenceData``)."""
     pid = np.asarray(prompt_ids, str)
@@ -319,9 +282,8 @@ def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> Prefer
             ci, ri = ci[keep], ri[keep]
         return PreferenceData(ci, ri, np.arange(ci.size).astype(str), int(ci.size), int(ci.size), 0)
     people = sorted(fit_prompts)
-    if proc["max_persons"] is not None and len(people) > proc["max_persons"]:  # a smaller deployment
-        pick = np.random.default_rng([proc["seed"], 2]).choice(len(people), proc["max_persons"], replace=False)
-        people = sorted(people[i] for i in pick)
+    if proc["max_persons"] is not None:  # a smaller deployment: a keyed-hash subsample of the public ids
+        people = subsample_ids(people, proc["max_persons"], proc["seed"])
     ci, ri = preference_rows(pid, correct, set(people), proc["pairs_per_prompt"], proc["seed"])
     person = pid[ci]
     keep = bound_per_person(person, proc["pairs_per_person"], proc["seed"])
@@ -454,8 +416,8 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     proc = _check_procedure(settings)
     pid = np.asarray(prompt_ids, str)
     y = np.asarray(correct, float)
-    fit_p, val_p = split_train_prompts(pid, proc["fit_fraction"], proc["seed"])
-    sel_fit, sel_score = split_train_prompts(sorted(val_p), proc["select_fraction"], proc["seed"] + 1)
+    fit_p, val_p = split_ids(pid, proc["fit_fraction"], proc["seed"])
+    sel_fit, sel_score = split_ids(val_p, proc["select_fraction"], proc["seed"] + 1)
     data = preference_data(pid, y, fit_p, proc)
     if data.chosen.size == 0:
         raise ValueError("no preference pair: no fit prompt has both a correct and an incorrect sample")
