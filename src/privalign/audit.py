@@ -5,8 +5,9 @@ The attack (a distinguishing test between neighbouring preference data sets):
 1. D is the reward model's own preference data (rebuilt from its train pool). The auditor picks two
    candidates a, b among the train samples, b just below a, as far apart in feature space as a
    score gap within one person's reach allows, and a canary pair that moves s(b) - s(a) the most: phi+ - phi- = 2 (phi_b - phi_a) / ||phi_b - phi_a||, the
-   largest difference a pair with ||phi|| <= 1 can have. D' is D with one person's pair replaced
-   by the canary; the whole training procedure (``policy_bt.retrain``: the choice of (q, c, lambda)
+   largest difference a pair with ||phi|| <= 1 can have. D' is the train pool with one person's
+   samples replaced by extreme ones whose pairs push along that direction (at the data level,
+   ``rewards.neighbours``: features at the edge of the feature map, half graded correct); the whole training procedure (``policy_bt.retrain``: the choice of (q, c, lambda)
    on validation prompts, then the final head) is rerun on each.
 2. Each mechanism is run ``runs`` times on the fixed candidate set {a, b} scored by each model, and
    the distinguishing event {b is selected} is checked on a separate batch to point the right
@@ -32,7 +33,8 @@ from scipy import special, stats
 
 from . import accounting as A
 from . import mechanisms as M
-from .rewards.policy_bt import PolicyBTReward, replace_person, retrain
+from .rewards.neighbours import Edit, apply, search
+from .rewards.policy_bt import PolicyBTReward, retrain
 from .rewards.release import check_release, draw_release, release_noise_scale
 
 
@@ -51,18 +53,17 @@ def epsilon_lower_bound(k_hi: int, k_lo: int, runs: int, delta: float = 0.0, alp
 
 
 def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
-    base = retrain(model, raw, prompt_ids, correct)
+    choices: dict = {}  # step 2 of the procedure, shared by D and D' (their validation rows are the same)
+    base = retrain(model, raw, prompt_ids, correct, choices=choices)
     phi = base.feature_map(raw)
     w_d = base.w
     s = phi @ w_d
 
     def with_canary(a, b):
         u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
-
-        def edit(d):  # one person's pairs replaced by k canary pairs
-            return replace_person(d, base.data, str(base.data.person[0]), np.tile(2 * u, (model.k, 1)))
-
-        t = retrain(model, raw, prompt_ids, correct, edit)
+        # one person's samples replaced by extreme ones, whose pairs push along u (data level)
+        nb = apply(Edit("extreme", str(base.data.person[0]), u), raw, prompt_ids, correct, base.feature_map)
+        t = retrain(model, nb.raw, nb.prompt_ids, nb.correct, neighbour=True, choices=choices)
         if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)
             raise RuntimeError(f"the canary changed the chosen settings {base.settings} -> {t.settings}")
         return t.w
@@ -212,52 +213,21 @@ def _epsilon_lower_bounds(k_hi, k_lo, runs: int, delta: float, alpha: float = 0.
 
 
 def _release_neighbours(model: PolicyBTReward, raw, prompt_ids, correct, candidates: int = 3):
-    """D (the model's own preference data, rebuilt from its train pool) and the neighbour D' under
-    the certificate's adjacency (one person's pairs replaced by at most k others) that moves the
-    head the most among a few candidates.
-
-    Every person of D is a candidate, with k canary pairs phi+ - phi- = 2 v (the largest a pair with
-    ||phi|| <= 1 can have) along one of two directions v: against the head (-w_D / ||w_D||, where the
-    canary's loss gradient is largest) or along the person's own summed loss gradient g_p (so that
-    removing them and adding the canary push the same way). They are ranked by the first-order
-    shift ||H^-1 (g_p - g_canary)|| / m at w_D (H the Hessian of the training objective), and the
-    ``candidates`` best are retrained (the whole procedure, ``retrain``); the largest realised
-    ||w_D - w_D'|| is kept. Returns (w_D, w_D', information about D')."""
-    base = retrain(model, raw, prompt_ids, correct)
-    w = base.w
-    phi = base.feature_map(raw)
-    d = phi[base.data.chosen] - phi[base.data.rejected]
-    m, k = model.m, model.k
-    z = d @ w
-    curv = special.expit(z) * special.expit(-z)
-    hess = (d * curv[:, None]).T @ d / m + model.lam * np.eye(w.size)
-
-    def grad_sum(pairs):  # the summed gradient of log(1 + exp(-w . d)) at w_D
-        return -(special.expit(-(pairs @ w)) @ pairs)
-
-    norm = np.linalg.norm(w)
-    against = -w / norm if norm > 0 else np.eye(w.size)[0]
-    ranked = []
-    for person in np.unique(base.data.person):
-        g_p = grad_sum(d[base.data.person == person])
-        dirs = [("against the head", against)]
-        if np.linalg.norm(g_p) > 0:
-            dirs.append(("along the person's gradient", g_p / np.linalg.norm(g_p)))
-        for name, v in dirs:
-            canary = np.tile(2 * v, (k, 1))
-            shift = float(np.linalg.norm(np.linalg.solve(hess, g_p - grad_sum(canary)))) / m
-            ranked.append((shift, str(person), name, canary))
-    ranked.sort(key=lambda r: -r[0])
-    best = None
-    for predicted, person, name, canary in ranked[:max(1, candidates)]:
-        t = retrain(model, raw, prompt_ids, correct, lambda dd, p=person, c=canary: replace_person(dd, base.data, p, c))
-        if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)
-            raise RuntimeError(f"the canary changed the chosen settings {base.settings} -> {t.settings}")
-        shift = float(np.linalg.norm(t.w - w))
-        if best is None or shift > best[1]["realised_shift"]:
-            best = (t.w, {"realised_shift": shift, "predicted_shift": predicted, "person": person,
-                          "canary": f"{k} pairs 2 v, v {name}", "persons_pairs": int(np.sum(base.data.person == person))})
-    return w, best[0], best[1]
+    """D (the model's own train pool) and the data-level neighbour D' (one person's raw rows edited,
+    ``rewards.neighbours``) that moves the head the most: every (person, edit) is ranked by the
+    first-order shift it predicts at w_D, the ``candidates`` strongest (each edit's best among them)
+    are rerun through the whole procedure, and the largest realised ||w_D - w_D'|| is kept. Returns
+    (w_D, w_D', information about D')."""
+    base, rows = search(model, raw, prompt_ids, correct, max(1, candidates))
+    for r in rows:
+        if r["settings_changed"]:  # cannot happen: the choice does not read D (train_procedure)
+            raise RuntimeError(f"the neighbour {r['adversary']} of {r['person']} changed the chosen settings")
+    best = max(rows, key=lambda r: r["weight_change"])
+    return base.w, best["w_neighbour"], {
+        "realised_shift": best["weight_change"], "predicted_shift": best["predicted_change"],
+        "person": best["person"], "canary": f"{best['adversary']}{' (' + best['detail'] + ')' if best['detail'] else ''}",
+        "persons_pairs": int(np.sum(base.data.person == best["person"])),
+        "neighbours_tried": [{k: r[k] for k in ("adversary", "person", "detail", "weight_change")} for r in rows]}
 
 
 def _gaussian_pair_power(mu: float, runs: int, delta: float) -> float:
@@ -292,7 +262,7 @@ def _choose_threshold(x_d: np.ndarray, x_d2: np.ndarray, delta: float) -> tuple[
 
 def audit_release(model: PolicyBTReward, raw, prompt_ids, correct, *, epsilon_w: float, delta_w: float,
                   runs: int = 200_000, seed: int | None = None, noise_scale: float | None = None,
-                  candidates: int = 3) -> dict:
+                  candidates: int = 8) -> dict:
     """Audit the one-time release w~ = w_D + N(0, sigma^2 I) (``rewards.release``) at its claimed
     (epsilon_w, delta_w): a 95% lower bound on its epsilon that must stay below epsilon_w.
 

@@ -95,8 +95,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     console.print(f"wrote {out}: {len(prompts)} pairs, lambda = {lam_value:g} (given, not chosen on D), "
                   f"certified Delta_r = {model.sensitivity:.4g} on output range [{lo:.3g}, {hi:.3g}] "
                   f"({model.sensitivity / (hi - lo):.3%} of its width); keep it with the operator")
-    console.print(f"wrote {private} (private, derived from D: train pair accuracy "
-                  f"{model.private['train_pair_accuracy']:.3f})")
+    console.print(f"wrote {private} (private: what the head learnt from D, with no privacy; nothing read from D "
+                  "is printed here)")
 
 
 def private_path(out: Path) -> Path:
@@ -148,8 +148,8 @@ def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, targe
     model.save(out)
     private = model.save_private(private_path(out))
     console.print(
-        f"wrote {out}: P = {meta['persons']} persons (one per fit prompt) of at most k = {model.k} pairs each "
-        f"({model.private['pairs']} pairs kept, {model.private['pairs_dropped_beyond_k']} beyond k dropped), "
+        f"wrote {out}: P = {meta['persons']} persons (one per fit prompt; the fit prompts' ids are public) of at "
+        f"most k = {model.k} pairs each (how many were kept or dropped reads D: only the private report says), "
         f"m = P k = {model.m}, "
         f"q = {meta['components']}, c = {meta['c']:g}, L = {meta['lp_clip']:g}, lambda = {model.lam:g}"
         f"{' (on the edge of its grid: ' + ', '.join(meta['on_grid_edge']) + ')' if meta['on_grid_edge'] else ''}, "
@@ -157,8 +157,8 @@ def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, targe
         f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"
         f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); selection AUC {meta['selection_auc']:.3f} "
         f"(log-probability alone {meta['selection_logprob_auc']:.3f}); keep the model file with the operator")
-    console.print(f"wrote {private} (private, derived from D: the final head's validation AUC "
-                  f"{model.private['val_auc']:.3f}, train pair accuracy {model.private['train_pair_accuracy']:.3f})")
+    console.print(f"wrote {private} (private: what the head learnt from D, with no privacy; nothing read from D "
+                  "is printed here)")
     return model
 
 
@@ -220,12 +220,17 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
                          pool: Path = typer.Option(..., help="the train pool it was trained on"),
                          trials: int = typer.Option(24, help="retrainings (>= 20)"),
                          seed: int = typer.Option(0)):
-    """Check a certified reward model's sensitivity by adversarial retraining.
+    """Check a certified reward model's sensitivity on raw-data neighbours.
 
-    Rerun the whole training procedure (the choice of q, c, lambda included) with one person's
-    pairs replaced by adversarial ones and compare the score change with the certified Delta_r
-    (exit 1 if it is ever exceeded or the choice ever changes)."""
-    from ..rewards.policy_bt import PolicyBTReward, check_sensitivity
+    Each neighbour edits one person's rows in the train pool (grades flipped, all correct, all wrong,
+    removed, samples replaced by extreme ones, or another person's rows); every (person, edit) is
+    ranked by the shift of the head it predicts, and the whole training procedure (split, pair choice,
+    bounding, the choice of q, c, L, lambda, the final head) is rerun on the strongest --trials of
+    them. Compares ||w_D - w_D'|| with the certified Delta_r (exit 1 if it is ever exceeded or the
+    choice ever changes). The choice of settings reads only the validation rows, which no neighbour
+    edits: it is computed once and reused when they are byte for byte the same (said in the output)."""
+    from ..rewards.neighbours import check_sensitivity
+    from ..rewards.policy_bt import PolicyBTReward
 
     try:
         m = PolicyBTReward.load(model)
@@ -244,7 +249,9 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
                       f"{max(r['max_score_change'] for r in sub):.4g}, max ||w_D - w_D'|| = "
                       f"{max(r['weight_change'] for r in sub):.4g}")
     changed = sum(r["settings_changed"] for r in rows)
-    console.print(f"{len(rows)} retrainings of the whole procedure: the chosen (q, c, lambda) changed in {changed}; "
+    console.print(f"{len(rows)} raw-data neighbours (one person's rows edited in the pool), each rerun through the "
+                  f"whole procedure (the choice of settings computed once: it reads only the validation rows, "
+                  f"which no neighbour edits): the chosen (q, c, lambda) changed in {changed}; "
                   f"max |r_D - r_D'| on the train samples {worst_score:.4g}, over all inputs "
                   f"(||w_D - w_D'||) {worst_w:.4g}; certified Delta_r {m.sensitivity:.4g} "
                   f"({worst_w / m.sensitivity:.1%} of it)")

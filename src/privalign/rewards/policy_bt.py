@@ -387,7 +387,7 @@ def _release_score(phis: list, ws: list, sensitivity: float, corrects: list, pro
     return dict(zip(RELEASE_SCORES, (float(acc.mean()), float(np.percentile(acc, 5)))))
 
 
-def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings) -> Trained:
+def train_procedure(raw: np.ndarray, prompt_ids, correct, choices: dict | None = None, **settings) -> Trained:
     """The whole training procedure, selection included (``train_policy_bt`` builds the model from it).
 
     1. The train prompts are split (seed) into fit prompts, whose preference pairs are D (a seeded
@@ -410,8 +410,10 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     3. The one final head is trained on D with those settings (``fit_bt``), so the certificate
        Delta_r = 4k/(m lambda) + 2 g_tol/lambda covers the procedure as a whole.
 
-    ``edit(d)`` (tests, ``check_sensitivity``, the audit) replaces D's preference differences, after
-    the feature map is fixed, by a neighbour's: it must keep their number.
+    ``choices`` (a dict kept between calls: ``neighbours.check_sensitivity``, the audit) reuses step
+    2's result when the validation rows, m and the settings are byte for byte the same: step 2 is a
+    deterministic function of exactly those, so a neighbour that edits only a person of D gets the
+    choice that rerunning it would give.
     """
     proc = _check_procedure(settings)
     pid = np.asarray(prompt_ids, str)
@@ -428,10 +430,15 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, edit=None, **settings)
     halves = [(sel_fit, sel_score), (sel_score, sel_fit)][:proc["select_folds"]]
     folds = [_selection_fold(pid, y, fit, score, proc, i) for i, (fit, score) in enumerate(halves)]
     is_val = np.isin(pid, list(val_p))
-    row, fmap, grid = _choose_settings(raw, pid, y, is_val, folds, data.m, proc)
+    key = _choice_key(raw, pid, y, is_val, data.m, proc) if choices is not None else None
+    if key is None or key not in choices:
+        chosen = _choose_settings(raw, pid, y, is_val, folds, data.m, proc)
+        if key is not None:
+            choices[key] = chosen
+    row, fmap, grid = chosen if key is None else choices[key]
     # the final head: D, once, with the settings chosen above
     phi = fmap(raw)
-    d = _edited(phi[data.chosen] - phi[data.rejected], edit, data.m, fmap.dim)
+    d = phi[data.chosen] - phi[data.rejected]
     w, g = fit_bt(d, row["lambda"], proc["g_tol"], normalizer=data.m)
     sizes = {"fit_prompts": len(fit_p), "persons": data.persons, "validation_prompts": len(val_p),
              "selection_fit_prompts": len(sel_fit), "selection_score_prompts": len(sel_score),
@@ -526,16 +533,15 @@ def _candidate_row(s, q, c, lp_clip, lam, sens, y, pid, proc: dict) -> dict:
             "selection_bon_accuracy": softmax_selection_accuracy(s, y, pid, 1e-9, proc["n_select"], seed=proc["seed"])}
 
 
-def _edited(d: np.ndarray, edit, m: int, dim: int) -> np.ndarray:
-    """D's preference differences, or ``edit(d)`` (a neighbour's, for tests and the audit) checked."""
-    if edit is None:
-        return d
-    n_pairs = d.shape[0]
-    d = np.asarray(edit(d), float)
-    if d.ndim != 2 or d.shape[1] != dim or not 0 < d.shape[0] <= m:
-        raise ValueError(f"edit must return between 1 and m = {m} pairs of dimension {dim} (D has "
-                         f"{n_pairs}), got shape {d.shape}")
-    return d
+def _choice_key(raw, pid, y, is_val, m: int, proc: dict) -> str:
+    """A digest of everything step 2 reads: the validation rows (features, ids, grades), m and the settings."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for part in (np.ascontiguousarray(raw[is_val]), pid[is_val].astype("U"), np.asarray(y, float)[is_val]):
+        h.update(part.tobytes())
+    h.update(repr((int(m), sorted((k, repr(v)) for k, v in proc.items()))).encode())
+    return h.hexdigest()
 
 
 def _public_record(row: dict, proc: dict, sizes: dict, logprob_sc, y_sc, pid_sc) -> dict:
@@ -575,9 +581,6 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
     return model, t.grid
 
 
-ADVERSARIES = ("flipped", "extreme-norm", "duplicated")
-
-
 def model_procedure(model: PolicyBTReward) -> dict:
     """The training settings recorded in a model file (refuses files trained by the old procedure)."""
     proc = (model.meta or {}).get("procedure")
@@ -588,63 +591,17 @@ def model_procedure(model: PolicyBTReward) -> dict:
     return {"unit": "pair", "select_folds": 1, **proc}
 
 
-def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, edit=None) -> Trained:
-    """Rerun the model's whole training procedure (selection included) on its train pool, D edited by
-    ``edit``; refuses a pool that does not reproduce the model's settings and D."""
-    t = train_procedure(raw, prompt_ids, correct, edit=edit, **model_procedure(model))
+def retrain(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, *, neighbour: bool = False,
+            choices: dict | None = None) -> Trained:
+    """Rerun the model's whole training procedure (selection included) on a train pool: its own, which
+    must reproduce the model's settings and weights, or (``neighbour``) a neighbour's, which must keep
+    the settings (the choice never reads D)."""
+    t = train_procedure(raw, prompt_ids, correct, choices, **model_procedure(model))
     chosen = (model.meta["components"], model.meta["c"], model.feature_map.lp_clip, model.lam)
-    if t.m != model.m or (edit is None and (t.settings != chosen
-                                            or not np.allclose(t.w, model.w, rtol=0, atol=1e-6))):
+    if not neighbour and (t.m != model.m or t.settings != chosen
+                          or not np.allclose(t.w, model.w, rtol=0, atol=1e-6)):
         raise ValueError(f"the train pool does not reproduce the model (m = {t.m} against {model.m}, settings "
-                         f"{t.settings}): pass the pool it was trained on")
+                         f"{t.settings}): pass the pool it was trained on, with a model trained by this privalign")
     return t
 
 
-def replace_person(d: np.ndarray, data: PreferenceData, person: str, pairs: np.ndarray) -> np.ndarray:
-    """D' for the certificate's adjacency: ``person``'s pairs (rows of d) replaced by ``pairs`` (at most k)."""
-    pairs = np.atleast_2d(np.asarray(pairs, float))
-    if data.persons and pairs.shape[0] > data.m // data.persons:
-        raise ValueError(f"a person contributes at most k = {data.m // data.persons} pairs, got {pairs.shape[0]}")
-    return np.concatenate([d[data.person != person], pairs.reshape(-1, d.shape[1])])
-
-
-def check_sensitivity(model: PolicyBTReward, raw: np.ndarray, prompt_ids, correct, trials: int = 24,
-                      seed: int = 0) -> list[dict]:
-    """Rerun the whole training procedure, selection included, with one person's k pairs replaced by
-    adversarial ones, ``trials`` times, cycling through ``ADVERSARIES``: their pairs flipped; pairs
-    of the largest possible norm (phi+ = -phi- = a unit vector along +-w, or a random one); another
-    person's pairs duplicated. Each row reports whether the chosen (q, c, lambda) changed, max
-    |r_D - r_D'| over every train sample (each model with its own feature map) and, when the
-    settings agree, ||w_D - w_D'||, the supremum over all inputs with ||phi|| <= 1, beside the
-    certified Delta_r."""
-    base = retrain(model, raw, prompt_ids, correct)
-    k = model.k
-    w_d = base.w
-    probe = base.feature_map(raw) @ w_d
-    people = np.unique(base.data.person)
-    rng = np.random.default_rng(seed)
-    rows = []
-    for trial in range(trials):
-        kind = ADVERSARIES[trial % len(ADVERSARIES)]
-        person = str(people[rng.integers(0, people.size)])
-        u = None
-        if kind == "extreme-norm":
-            u = w_d if trial % 2 else rng.standard_normal(w_d.size)
-            u = u / (np.linalg.norm(u) or 1.0) * (1 if rng.random() < 0.5 else -1)
-        other = str(people[rng.integers(0, people.size)])
-
-        def edit(d, kind=kind, person=person, other=other, u=u):
-            mine = base.data.person == person
-            if kind == "flipped":
-                return replace_person(d, base.data, person, -d[mine])
-            if kind == "extreme-norm":
-                return replace_person(d, base.data, person, np.tile(2 * u, (k, 1)))
-            return replace_person(d, base.data, person, d[base.data.person == other][:k])
-
-        t = retrain(model, raw, prompt_ids, correct, edit)
-        same = t.settings == base.settings
-        rows.append({"trial": trial, "adversary": kind, "person": person, "settings_changed": not same,
-                     "max_score_change": float(np.max(np.abs(probe - t.feature_map(raw) @ t.w))),
-                     "weight_change": float(np.linalg.norm(w_d - t.w)) if same else math.inf,
-                     "certified": model.sensitivity})
-    return rows
