@@ -40,7 +40,7 @@ def test_release_noise_is_the_analytic_gaussian_at_the_certified_sensitivity(tra
     head = release_head(model, 0.5, 1e-6, np.random.default_rng(0))
     assert np.allclose(head.score_features(raw[:50]), model.feature_map(raw[:50]) @ head.w_tilde)
     assert head.release["query_epsilon"] == 0.0 and head.release["head_id"] == model.meta["head_id"]
-    assert "person-level replacement" in head.release["adjacency"]
+    assert "person-level:" in head.release["adjacency"]
 
 
 def test_the_released_file_may_be_published_and_holds_no_exact_weight(trained, tmp_path):
@@ -187,10 +187,24 @@ def test_cli_release_and_train_with_release(tmp_path):
     assert res.exit_code == 0, res.output
     assert "may be published" in " ".join(res.output.split())
     assert json.loads((tmp_path / "rm.released.json").read_text())["kind"] == "policy-bt-released"
-    res = runner.invoke(app, ["rm", "release", str(tmp_path / "rm.json"), "--epsilon", "0.3", "--delta", "1e-6",
-                              "--out", str(tmp_path / "public.json")])
+    out = " ".join(res.output.split())
+    assert "||w||" not in out and "public_inputs" in out  # nothing the release does not cover (issue 48)
+    body = json.loads((tmp_path / "rm.released.json").read_text())
+    assert body["guarantee"]["unit"] == "person" and "validation_persons" in body["guarantee"]["public_inputs"]
+    # releases are counted: a second release of the same head is refused, and with --again it says the total
+    release = ["rm", "release", str(tmp_path / "rm.json"), "--epsilon", "0.3", "--delta", "1e-6",
+               "--out", str(tmp_path / "public.json")]
+    res = runner.invoke(app, release)
+    assert res.exit_code == 2 and "already released 1 time(s) at (1, 1e-06)" in " ".join(res.output.split())
+    assert not (tmp_path / "public.json").exists()
+    res = runner.invoke(app, [*release, "--again"])
     assert res.exit_code == 0, res.output
-    assert ReleasedHead.load(tmp_path / "public.json").epsilon == 0.3
+    head = ReleasedHead.load(tmp_path / "public.json")
+    assert head.epsilon == 0.3 and head.release["composed"]["epsilon"] == pytest.approx(1.3)
+    assert head.release["composed"]["releases"] == 2 and "total is (epsilon, delta) = (1.3, 2e-06)" in " ".join(
+        res.output.split())
+    assert len(json.loads((tmp_path / "rm.releases.json").read_text())["releases"]) == 2
+    assert "released-bon" in " ".join(runner.invoke(app, ["rm", "release", "--help"]).output.split())
     # bad input: a one-line error naming the value, and nothing written
     for args, message in [
         (["--epsilon", "nan", "--delta", "1e-6"], "--epsilon must be positive and finite, got nan"),

@@ -75,7 +75,7 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                   "release_delta": release_delta, "select_folds": select_folds}
                                  if objective == "release" else {})
         if release_epsilon is not None:
-            _release(model, release_epsilon, release_delta, released_path(out))
+            _release(model, release_epsilon, release_delta, released_path(out), out)
         return
     if features != "minilm":
         _fail(f"--features must be 'minilm' or 'policy', got {features!r}")
@@ -175,33 +175,54 @@ def _check_release_args(epsilon: float, delta: float) -> None:
         _fail(f"--delta must lie in (0, 1), got {delta!r}")
 
 
-def _release(model, epsilon: float, delta: float, out: Path) -> None:
-    from ..rewards.release import release_head
+def _release(model, epsilon: float, delta: float, out: Path, model_path: Path, again: bool = False) -> None:
+    from ..rewards.release import check_release, compose_releases, record_release, recorded_releases, release_head
 
+    try:
+        check_release(model, epsilon, delta)
+    except ValueError as e:
+        _fail(str(e))
+    earlier = recorded_releases(model_path, model.meta.get("head_id", ""))
+    if earlier and not again:
+        spent = ", ".join(f"({r['epsilon']:g}, {r['delta']:g})" for r in earlier)
+        _fail(f"{model_path} was already released {len(earlier)} time(s) at {spent}: another release spends "
+              "epsilon_w again (pass --again, and the new file states the composed total)")
     try:
         head = release_head(model, epsilon, delta)
     except ValueError as e:
         _fail(str(e))
+    if earlier:
+        head.release["composed"] = compose_releases(head, earlier)
     head.save(out)
+    record_release(model_path, head, out)
     g = head.release
-    console.print(f"wrote {out}: {model.name} released once at (epsilon_w, delta_w) = ({g['epsilon']:g}, "
+    total = (f"; with the {len(earlier)} earlier release(s) of this head the total is (epsilon, delta) = "
+             f"({g['composed']['epsilon']:g}, {g['composed']['delta']:g})" if earlier else "")
+    console.print(f"wrote {out}: {model.name} released at (epsilon_w, delta_w) = ({g['epsilon']:g}, "
                   f"{g['delta']:g}) for P = {g['persons']} persons, k = {g['pairs_per_person']}: w~ = w + "
-                  f"N(0, sigma^2 I), sigma = {g['sigma']:.4g} for L2 sensitivity Delta_r = {g['sensitivity']:.4g} "
-                  f"(||w|| = {np.linalg.norm(model.w):.4g}); every selection with it is free; this file may be "
-                  f"published")
+                  f"N(0, sigma^2 I), sigma = {g['sigma']:.4g} for L2 sensitivity Delta_r = {g['sensitivity']:.4g}"
+                  f"{total}; every selection with it is free; this file may be published. Unit: a person "
+                  f"(replacement, or adding / removing one person's rows); assumed public and not protected: "
+                  f"the validation persons' data, the prompt ids (the roster of persons) and the seed "
+                  f"(guarantee.public_inputs). Recorded in {model_path.name.removesuffix('.json')}.releases.json")
 
 
 @rm_app.command("release")
 def rm_release(model: Path = typer.Argument(..., help="a certified policy-bt model (the operator's exact file)"),
                epsilon: float = typer.Option(..., help="epsilon_w of the one-time release"),
                delta: float = typer.Option(..., help="delta_w of the one-time release (below 1/P)"),
-               out: Path = typer.Option(..., help="the released head (JSON): publishable")):
+               out: Path = typer.Option(..., help="the released head (JSON): publishable"),
+               again: bool = typer.Option(False, "--again", help="release a head that was released before (each "
+                                                                   "release spends epsilon_w again; the new file "
+                                                                   "states the composed total)")):
     """Release a certified head once with differential privacy: w~ = w + N(0, sigma^2 I).
 
     sigma is the analytic Gaussian scale for the certificate's L2 sensitivity Delta_r at (epsilon_w,
     delta_w), drawn from the secure generator. Every selection made with the released head (BoN, soft
     BoN, any n, any number of queries) is post-processing and costs nothing more; serve it with
-    mechanism "bon" and the model budget is charged the release once."""
+    [mechanism] name = "released-bon" and the model budget is charged the release once. Each release
+    is recorded beside the model (MODEL.releases.json); a second release of the same head is refused
+    unless --again, and then its file states the composed total."""
     from ..rewards.policy_bt import PolicyBTReward
 
     _check_release_args(epsilon, delta)
@@ -212,7 +233,7 @@ def rm_release(model: Path = typer.Argument(..., help="a certified policy-bt mod
         m = PolicyBTReward.load(model)
     except (ValueError, OSError, KeyError) as e:
         _fail(f"{model}: {e}")
-    _release(m, epsilon, delta, out)
+    _release(m, epsilon, delta, out, model, again)
 
 
 @rm_app.command("check-sensitivity")

@@ -187,9 +187,16 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
             return (super().adjacency() + "; legacy unit: each pair counted as its own person, which under-states "
                     "one person's effect when they gave several pairs (retrain with unit 'person')")
         persons = self.persons
-        return (f"person-level replacement: D and D' differ in one person's preference pairs (at most k = {self.k}, "
-                f"replaced by at most {self.k} others), P = {persons} persons either way, loss normalised by "
-                f"m = P k = {self.m}; a person is {PERSON}")
+        return (f"person-level: D and D' differ in one person's preference pairs (at most k = {self.k}, "
+                f"replaced by at most {self.k} others, P = {persons} persons either way, loss normalised by "
+                f"m = P k = {self.m}), or by adding or removing one person (P and m change by one person: "
+                f"||w_D - w_D'|| <= 3k/(m lambda) + 2 g_tol/lambda, within the same Delta_r; the roster of ids is "
+                f"public); a person is {PERSON}")
+
+    def guarantee(self) -> dict:
+        return {**super().guarantee(), "unit": self.unit,
+                "public_inputs": self.meta.get("public_inputs", "not recorded (trained before privalign named its "
+                                                                "public inputs): retrain")}
 
     def score_features(self, raw: np.ndarray) -> np.ndarray:
         return self.feature_map(raw) @ self.w
@@ -270,6 +277,7 @@ class PreferenceData:
     persons: int            # P
     m: int                  # the loss normaliser: P k (person) or the number of pairs (pair)
     dropped: int            # pairs beyond k per person, dropped before training (D-derived: private)
+    roster: tuple = ()      # D's persons by id (public: fixed by the prompt ids, whatever the grades)
 
 
 def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> PreferenceData:
@@ -280,7 +288,8 @@ def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> Prefer
         if proc["max_pairs"] is not None and ci.size > proc["max_pairs"]:  # a smaller deployment: fewer people
             keep = np.sort(np.random.default_rng([proc["seed"], 2]).choice(ci.size, proc["max_pairs"], replace=False))
             ci, ri = ci[keep], ri[keep]
-        return PreferenceData(ci, ri, np.arange(ci.size).astype(str), int(ci.size), int(ci.size), 0)
+        return PreferenceData(ci, ri, np.arange(ci.size).astype(str), int(ci.size), int(ci.size), 0,
+                              tuple(sorted(fit_prompts)))
     people = sorted(fit_prompts)
     if proc["max_persons"] is not None:  # a smaller deployment: a keyed-hash subsample of the public ids
         people = subsample_ids(people, proc["max_persons"], proc["seed"])
@@ -288,7 +297,8 @@ def preference_data(prompt_ids, correct, fit_prompts: set, proc: dict) -> Prefer
     person = pid[ci]
     keep = bound_per_person(person, proc["pairs_per_person"], proc["seed"])
     k = proc["pairs_per_person"]
-    return PreferenceData(ci[keep], ri[keep], person[keep], len(people), len(people) * k, int(ci.size - keep.size))
+    return PreferenceData(ci[keep], ri[keep], person[keep], len(people), len(people) * k, int(ci.size - keep.size),
+                          tuple(people))
 
 
 @dataclass
@@ -445,6 +455,7 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, choices: dict | None =
              "selection_pairs": int(folds[0].chosen.size)}
     is_sc = folds[0].scored
     public = _public_record(row, proc, sizes, raw[is_sc, -1], y[is_sc], pid[is_sc])
+    public["public_inputs"] = public_inputs(val_p, data.roster, proc)
     private = _private_record(phi[is_val] @ w, y[is_val], pid[is_val], d, w, g, row, data, proc)
     return Trained(row["components"], row["c"], row["lambda"], fmap, w, data.m, grid, public, private, data)
 
@@ -531,6 +542,24 @@ def _candidate_row(s, q, c, lp_clip, lam, sens, y, pid, proc: dict) -> dict:
             "selection_privbon_accuracy": softmax_selection_accuracy(
                 s, y, pid, 2 * sens / proc["target_epsilon"], proc["n_select"], seed=proc["seed"]),
             "selection_bon_accuracy": softmax_selection_accuracy(s, y, pid, 1e-9, proc["n_select"], seed=proc["seed"])}
+
+
+def public_inputs(validation: set, roster, proc: dict) -> dict:
+    """Every input the guarantee assumes public, named: it protects none of them (docs/accounting.md,
+    "Public inputs")."""
+    import hashlib
+
+    ids = sorted(map(str, roster))
+    return {"validation_persons": sorted(map(str, validation)),
+            "validation_use": "their grades and the policy's features of their samples fit the feature map (mu, "
+                              "components, scales: published in this file) and choose (q, c, L, lambda); they get "
+                              "no protection, so the curator must hold their consent or use public data",
+            "person_ids": {"count": len(ids), "blake2b": hashlib.blake2b("\n".join(ids).encode(),
+                                                                       digest_size=16).hexdigest(),
+                           "use": "the roster of D's persons (fit prompt ids): it fixes P, the split and each "
+                                  "person's stream; which persons are in D is public, their rows are protected"},
+            "prompt_ids": "every train prompt id (the fit / validation split is a keyed hash of the id)",
+            "seed": proc["seed"], "settings_grid": "the candidate (q, c, L, lambda) and k, chosen by the operator"}
 
 
 def _choice_key(raw, pid, y, is_val, m: int, proc: dict) -> str:

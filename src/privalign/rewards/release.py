@@ -168,11 +168,50 @@ def release_head(model: PolicyBTReward, epsilon: float, delta: float,
                "adjacency": model.adjacency(), "procedure": PROCEDURE, "hyperparameters": model.hyperparameters(),
                "persons": persons, "pairs_per_person": model.k, "m": model.m, "lambda": model.lam,
                "g_tol": model.g_tol, "head_id": model.meta["head_id"], "release_id": uuid.uuid4().hex,
-               "source_name": model.name, "query_epsilon": 0.0,
+               "source_name": model.name, "query_epsilon": 0.0, "unit": model.unit,
+               "public_inputs": model.meta.get("public_inputs", "not recorded (trained before privalign named its "
+                                                                  "public inputs): retrain"),
                "composition": "every selection with w~ is post-processing (0 per query); per-query noise on the "
                               "exact head composes with this release in the model budget (epsilon_w + the "
                               "queries', delta_w + theirs)"}
     return ReleasedHead(w_tilde, model.feature_map, release, model.base_model, model.task, f"{model.name}-released")
+
+
+def releases_path(model_path: str | Path) -> Path:
+    """Where the releases of a model file are recorded: beside it (``<model>.releases.json``)."""
+    p = Path(model_path)
+    return p.with_name(p.stem + ".releases.json")
+
+
+def recorded_releases(model_path: str | Path, head_id: str) -> list[dict]:
+    """The releases of head ``head_id`` recorded beside its model file (oldest first)."""
+    path = releases_path(model_path)
+    if not path.exists():
+        return []
+    return [r for r in json.loads(path.read_text()).get("releases", []) if r.get("head_id") == head_id]
+
+
+def compose_releases(head: ReleasedHead, earlier: list[dict]) -> dict:
+    """The total that ``head``'s release and the ``earlier`` ones of the same head spend together
+    (basic composition: the epsilons and deltas add), recorded in the new file's guarantee."""
+    eps = head.epsilon + sum(float(r["epsilon"]) for r in earlier)
+    dlt = head.delta + sum(float(r["delta"]) for r in earlier)
+    return {"releases": len(earlier) + 1, "epsilon": eps, "delta": dlt, "composition": "basic (epsilons and deltas add)",
+            "earlier": [r["release_id"] for r in earlier],
+            "note": "every release of this head is a view of the same person's data: what they reveal together is "
+                    "this total, not this file's own (epsilon, delta)"}
+
+
+def record_release(model_path: str | Path, head: ReleasedHead, out: str | Path) -> Path:
+    """Append ``head``'s release to the record beside its model file (atomically)."""
+    path = releases_path(model_path)
+    body = json.loads(path.read_text()) if path.exists() else {"releases": []}
+    body["releases"].append({"head_id": head.release["head_id"], "release_id": head.release_id,
+                             "epsilon": head.epsilon, "delta": head.delta, "file": str(out)})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=1))
+    tmp.replace(path)
+    return path
 
 
 def head_phi(model: PolicyBTReward, raw: np.ndarray | None, phi: np.ndarray | None = None) -> np.ndarray:
