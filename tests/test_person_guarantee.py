@@ -99,3 +99,40 @@ def test_the_split_is_stable_when_another_prompt_is_removed():
         assert fit2 == fit - {gone} and val2 == val - {gone}
     # the split's size is binomial around the fraction: within 4 standard deviations
     assert abs(len(fit) - 180) <= 4 * np.sqrt(300 * 0.6 * 0.4)
+
+
+def test_bad_train_pools_are_one_line_errors_and_write_nothing(tmp_path):
+    """Duplicate (prompt, sample) rows and a person id that is empty or not a string are refused
+    before anything is written."""
+    pid, y, raw = wide_pool(prompts=60)
+    runner = CliRunner()
+    args = ["rm", "train", "--task", "arithmetic-mix", "--features", "policy", "--lam", "0.3", "--components", "4",
+            "--cs", "0.8", "--out", str(tmp_path / "x.json")]
+    path = tmp_path / "dup.parquet"
+    sid = np.tile(np.arange(12), 60)
+    sid[1] = 0  # p000's second row repeats its first sample
+    Pool({"prompt_id": pid.astype(object), "sample_id": sid, "true_reward": y, "reward:logprob": raw[:, -1].astype(float)},
+         {"task": "arithmetic-mix"}).save(path)
+    save_features(features_path(path), raw, pid, sid)
+    res = runner.invoke(app, [*args, "--pool", str(path)])
+    assert res.exit_code == 2 and "duplicate (prompt_id, sample_id): row 1 (prompt 'p000', sample 0)" in " ".join(res.output.split())
+    assert not list(tmp_path.glob("x*.json"))
+    bad = pid.astype(object)
+    bad[5] = ""
+    with pytest.raises(ValueError, match="prompt_id of row 5 is empty"):
+        train_procedure(raw, bad, y, **KW)
+    bad[5] = 7
+    with pytest.raises(ValueError, match="prompt_id of row 5 must be a non-empty string .* got int 7"):
+        train_procedure(raw, bad, y, **KW)
+
+
+def test_a_person_with_no_pairs_still_counts_in_p():
+    """Documented case: a person all of whose samples are correct (or all wrong) gives no pair but is a
+    person of D (their id is on the public roster): P and m = P k do not depend on the grades."""
+    pid, y, raw = wide_pool(prompts=200)
+    base = train_procedure(raw, pid, y, **KW)
+    person = base.data.roster[0]
+    t = train_procedure(raw, pid, np.where(pid == person, 1.0, y), **KW)
+    assert person not in set(t.data.person.tolist()) and person in t.data.roster
+    assert t.data.persons == base.data.persons and t.m == base.m
+    assert np.linalg.norm(t.w - base.w) <= 4 * 4 / (base.m * 0.3) + 2e-9 / 0.3

@@ -385,6 +385,8 @@ def test_plan_compares_release_then_bon_with_per_query_noise(tmp_path):
     out = " ".join(res.output.split())
     assert "release once at" in out and "5th percentile" in out and "exact head: BoN (n=8)" in out, res.output
     assert "recommended: " in out
+    # the choice reads the exact head, so plan says it is not covered (issue 48, item 7)
+    assert "reads the exact head w_D" in out and "not covered by the guarantee" in out
     res = runner.invoke(app, ["plan", "--epsilon-total", "1", "--delta-total", "1e-6", "--queries", "10",
                               "--model", str(tmp_path / "rm.json"), "--pool", str(pool), "--reward", "policy-bt",
                               "--release-epsilon", "0.3", "--draws", "10", "--n", "8", "--target-share", "0.9"])

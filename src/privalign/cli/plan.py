@@ -150,6 +150,11 @@ def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[fl
     return head, p, _head_phi(head, p, pool), tail
 
 
+NOT_COVERED = ("note: this plan reads the exact head w_D, trained on D without noise: an epsilon_w or a mode chosen "
+               "from it depends on D, and that choice is not covered by the guarantee; to keep it covered, plan with "
+               "a head trained only on public persons (the curator's own or public preference data)")
+
+
 def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta_total, n, draws, seed,
                   per_query: dict | None, pairs: Optional[int] = None, target_share: Optional[float] = None,
                   pairs_per_person: Optional[int] = None) -> None:
@@ -187,6 +192,7 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
             share = ("-" if r["share_mean"] is None else f"{r['share_mean']:.0%} / {r['share_p5']:.0%}")
             table.add_row(f"{e:g}", f"{r['mean']:.3f}", f"{r['p5']:.3f}", share)
     out.print(table)
+    out.print(NOT_COVERED)
     r0 = rows[0]
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
               f"{head.persons} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")

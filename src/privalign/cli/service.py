@@ -28,6 +28,13 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         _fail(f"invalid config {config}: {config_error_message(e)}")
     except Exception as e:
         _fail(f"invalid config {config}: {e}")
+    from ..server.charges import check_unit, file_unit
+
+    unit = file_unit(cfg.reward.kind, cfg.reward.path)
+    try:
+        check_unit(cfg, unit)
+    except ValueError as e:
+        _fail(str(e))
     sock = _bind(host, port)  # before any model loads and before the ledger (or its folder) is created
     from ..server.config import prepare_ledger
 
@@ -36,12 +43,17 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
         budgets, model, notes = _ledger_settings(cfg)
     except ValueError as e:
         _fail(str(e))
-    _print_banner(cfg, config, host, port, workers, budgets, model, notes)
+    _print_banner(cfg, config, host, port, workers, budgets, model, notes, unit)
     _run(cfg, config, sock, host, port, workers)
 
 
-def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: int, budgets, model, notes) -> None:
-    """What is served, and the privacy each budget gives, as the ledger holds it; the keys when generated."""
+def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: int, budgets, model, notes,
+                  unit: str = "declared") -> None:
+    """What is served, and the privacy each budget gives, as the ledger holds it, to the reward
+    model's unit (a person, or a pair for a legacy head); the keys when generated."""
+    from ..server.charges import SUBJECTS
+
+    subject = SUBJECTS[unit]
     keys = "from " + str(config.resolve()) if config else "generated for this run (no config file): pass --config to fix them"
     console.print(f"privalign serve on http://{host}:{port}/v1 ({workers} worker(s))\n"
                   f"  generator: {cfg.generator.backend} {cfg.generator.model}, max_tokens cap {cfg.token_cap}"
@@ -49,16 +61,19 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                      else "; ")
                   + f"requests name the model {cfg.served_model_name!r}"
                   + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
-                  f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}\n"
-                  f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
+                  f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}"
+                  f" (unit of privacy: {unit})\n"
+                  + ("  opt-in: [reward] allow_pair_unit = true serves a pair-unit head: the guarantee below is per "
+                     "preference pair, not per person\n" if unit == "pair" and cfg.reward.allow_pair_unit else "")
+                  + f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
                   f"  ledger: {cfg.ledger}\n"
                   + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.total.epsilon:g}, delta "
                             f"{b.total.delta:g}, {b.composition}; spent {b.spent_privacy.epsilon:g}\n" for b in budgets)
                   + (f"  model budget {model.name!r}: epsilon {model.total.epsilon:g}, delta {model.total.delta:g}, "
                      f"{model.composition}; spent {model.spent_privacy.epsilon:g}: every query of every tenant is "
-                     f"charged here; a person in the reward model's data gets this guarantee\n"
+                     f"charged here; {subject} gets this guarantee\n"
                      if model else
-                     f"  no model budget: a person in the reward model's data gets only the sum over all budgets "
+                     f"  no model budget: {subject} gets only the sum over all budgets "
                      f"(epsilon {sum(b.total.epsilon for b in budgets):g} now, more with each budget created)\n")
                   + "".join(f"  note: {n}\n" for n in notes)
                   + f"  keys {keys}")

@@ -43,6 +43,7 @@ import numpy as np
 from ..metrics import softmax_rows, within_prompt_auc
 from ..preferences.bounding import bound_per_person
 from ..preferences.pairs import preference_rows
+from ..preferences.persons import person_ids
 from ..preferences.splits import split_ids, subsample_ids
 from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
 
@@ -426,7 +427,7 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, choices: dict | None =
     choice that rerunning it would give.
     """
     proc = _check_procedure(settings)
-    pid = np.asarray(prompt_ids, str)
+    pid = person_ids(prompt_ids)
     y = np.asarray(correct, float)
     fit_p, val_p = split_ids(pid, proc["fit_fraction"], proc["seed"])
     sel_fit, sel_score = split_ids(val_p, proc["select_fraction"], proc["seed"] + 1)

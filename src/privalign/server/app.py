@@ -31,7 +31,7 @@ from ..ledger import BudgetExhausted, Ledger
 from ..rewards import RewardModel
 from .config import ServiceConfig
 from .deployment import configure
-from .charges import charge_range_release, charge_release, guarantee
+from .charges import charge_range_release, charge_release, check_unit, guarantee, reward_unit
 from .errors import ApiError
 from .metrics import ServiceMetrics
 from .settlement import Settlement
@@ -162,6 +162,12 @@ class Service:
 
     def __init__(self, cfg: ServiceConfig, generator=None, reward: RewardModel | None = None):
         self.cfg = cfg
+        if reward is not None:
+            check_unit(cfg, reward_unit(reward))
+        else:
+            from .charges import file_unit
+
+            check_unit(cfg, file_unit(cfg.reward.kind, cfg.reward.path))
         self.ledger = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
         self.ledger.heartbeat()
         self.settlement = Settlement(self.ledger, cfg.ledger_lease_s)  # heartbeat, recovery, retried settlements

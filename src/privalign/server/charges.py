@@ -67,9 +67,65 @@ def _fingerprint(model) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+SUBJECTS = {
+    "person": "a person in the reward model's preference data (unit: a person, all of their preference pairs)",
+    "pair": "one preference pair of the reward model's data (the head's unit is a pair, each counted as its own "
+            "person: a person who gave several pairs is protected less, up to k times the epsilon)",
+    "declared": "a person in the preference data, at the sensitivity Delta_r this config declares (not certified "
+                "by privalign: the unit is whatever that Delta_r bounds)"}
+
+
+def reward_unit(reward) -> str:
+    """The unit of privacy of a served reward model: ``person`` (a person-unit policy-bt head or its
+    release), ``pair`` (a legacy pair-unit head; minilm-bt, whose pairs are each their own
+    contributor), or ``declared`` (hf, http, stub: the config's Delta_r, not certified)."""
+    reward = getattr(reward, "model", reward)  # a BatchingReward's wrapped model
+    if getattr(reward, "released", False):
+        return str(reward.release.get("unit", "person"))
+    unit = getattr(reward, "unit", None)
+    if unit in ("person", "pair"):
+        return unit
+    return "pair" if hasattr(reward, "k") and hasattr(reward, "lam") else "declared"
+
+
+def file_unit(kind: str, path: str | None) -> str:
+    """``reward_unit`` read from a reward model's file without loading it (the start-up checks and the
+    banner run before any model is built)."""
+    if kind == "minilm-bt":
+        return "pair"
+    if kind != "policy-bt" or not path:
+        return "declared"
+    try:
+        body = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return "declared"  # load_reward reports the file itself
+    if body.get("kind") == "policy-bt-released":
+        return str(body.get("guarantee", {}).get("unit", "person"))
+    return str(((body.get("meta") or {}).get("procedure") or {}).get("unit", "pair"))
+
+
+def check_unit(cfg: ServiceConfig, unit: str) -> None:
+    """A pair-unit policy-bt head is served only with ``[reward] allow_pair_unit = true`` (its
+    certificate counts each pair as a person, which under-states one person's effect)."""
+    if cfg.reward.kind == "policy-bt" and unit == "pair" and not cfg.reward.allow_pair_unit:
+        raise ValueError(f"the reward model {cfg.reward.path} is a pair-unit head: its certificate counts each "
+                         "preference pair as its own person, so the guarantee would be per pair, not per person; "
+                         "serve a person-unit head (e.g. counting-policy-bt-person.json), or opt in with [reward] "
+                         "allow_pair_unit = true")
+
+
 def guarantee(ledger: Ledger, reward, released: bool, model_budget: str | None) -> dict:
-    """The guarantee a person in the reward model's preference data D gets from the whole
-    deployment: the model budget's, or without one, the sum over every budget."""
+    """The guarantee the unit of the reward model's preference data D (``reward_unit``: a person,
+    or a pair for a legacy head) gets from the whole deployment: the model budget's, or without one,
+    the sum over every budget. The statement names the unit."""
+    unit = reward_unit(reward)
+    out = _guarantee(ledger, reward, released, model_budget)
+    out["unit"] = unit
+    out["statement"] = out["statement"].replace("a person in the preference data", SUBJECTS[unit])
+    return out
+
+
+def _guarantee(ledger: Ledger, reward, released: bool, model_budget: str | None) -> dict:
     release = float(getattr(reward, "range_epsilon", 0.0) or 0.0)
     if released:
         g = reward.release

@@ -131,6 +131,9 @@ class RewardConfig(_Section):
     batch: bool | None = None
     # stub only, for fault drills and tests: scoring raises ValueError on a prompt containing this text
     fail_marker: str | None = None
+    # policy-bt: serve a legacy pair-unit head (its certificate counts each pair as a person): the
+    # guarantee is then per pair, not per person, and the banner and /v1/budgets say so
+    allow_pair_unit: bool = False
 
     @field_validator("output_range")
     @classmethod
