@@ -421,10 +421,8 @@ def train_procedure(raw: np.ndarray, prompt_ids, correct, choices: dict | None =
     3. The one final head is trained on D with those settings (``fit_bt``), so the certificate
        Delta_r = 4k/(m lambda) + 2 g_tol/lambda covers the procedure as a whole.
 
-    ``choices`` (a dict kept between calls: ``neighbours.check_sensitivity``, the audit) reuses step
-    2's result when the validation rows, m and the settings are byte for byte the same: step 2 is a
-    deterministic function of exactly those, so a neighbour that edits only a person of D gets the
-    choice that rerunning it would give.
+    ``choices`` (a dict kept between calls: the neighbour search, the audit) reuses step 2 when the
+    validation rows, m and the settings are byte for byte the same: step 2 reads exactly those.
     """
     proc = _check_procedure(settings)
     pid = person_ids(prompt_ids)
