@@ -229,3 +229,28 @@ def test_evaluate_cli_caps_phase2_and_reports_the_fallback_rate(tmp_path):
     assert fallback[1] > fallback[16] >= 0.0
     r = CliRunner().invoke(app, ["evaluate", str(pool), "--max-rounds", "0", "--out", str(tmp_path / "bad")])
     assert r.exit_code == 2 and "max-rounds" in r.output and not (tmp_path / "bad").exists()
+
+
+def test_each_rounds_worst_case_sits_at_the_edges_of_the_range():
+    """docs/accounting.md ("Where each round's worst case sits"): log A is concave in r (A the exact
+    acceptance probability, theory.privitp_acceptance), so the acceptance ratio A(r + Delta)/A(r) is
+    largest at r = 0 and the rejection ratio (1 - A(r - Delta))/(1 - A(r)) at r = R: the accountant's
+    closed forms equal the maximum over a grid of rewards, for every lambda~."""
+    import numpy as np
+
+    from privalign.accounting.privitp import privitp_phase2_terms
+    from privalign.theory import privitp_acceptance
+
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        R, sz, dr, L = 1.0, float(rng.uniform(0.05, 0.6)), float(rng.uniform(0.01, 0.3)), float(rng.uniform(0.5, 3))
+        lt = float(rng.uniform(-0.05, R))
+        kappa, accept = (float(v) for v in privitp_phase2_terms(lt, sz, dr, R, L))
+        r = np.linspace(0.0, R - dr, 401)
+        a_lo = privitp_acceptance(r, lt, sz, (0.0, R), truncation=L)
+        a_hi = privitp_acceptance(r + dr, lt, sz, (0.0, R), truncation=L)
+        acc_grid = np.log(a_hi) - np.log(a_lo)
+        rej_grid = np.log1p(-a_lo) - np.log1p(-a_hi)  # reward r + dr under D, r under D'
+        assert np.all(np.diff(acc_grid) <= 1e-9) and np.all(np.diff(rej_grid) >= -1e-9)  # monotone: concavity
+        assert accept == pytest.approx(max(acc_grid.max(), 0.0), rel=1e-6, abs=1e-12)
+        assert kappa == pytest.approx(max(rej_grid.max(), 0.0), rel=1e-6, abs=1e-12)
