@@ -136,3 +136,39 @@ def test_a_person_with_no_pairs_still_counts_in_p():
     assert person not in set(t.data.person.tolist()) and person in t.data.roster
     assert t.data.persons == base.data.persons and t.m == base.m
     assert np.linalg.norm(t.w - base.w) <= 4 * 4 / (base.m * 0.3) + 2e-9 / 0.3
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from privalign.rewards.neighbours import EDITS, edited  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), prompts=st.integers(30, 120), samples=st.integers(2, 14),
+       edit=st.sampled_from(EDITS), k=st.integers(1, 6), lam=st.sampled_from([0.03, 0.3, 3.0]))
+def test_property_any_persons_raw_edit_stays_within_delta_r(seed, prompts, samples, edit, k, lam):
+    """Random pools, a random person, a random raw-data edit: the whole procedure rerun moves w by at
+    most the certified Delta_r of D (the larger data set's, for a removal)."""
+    rng = np.random.default_rng(seed)
+    pid = np.repeat([f"u{i}" for i in range(prompts)], samples)
+    y = (rng.random(pid.size) < rng.uniform(0.1, 0.9)).astype(float)
+    h = rng.standard_normal((pid.size, H)) * rng.uniform(0.5, 5) + 3.0
+    h[:, 1] += rng.uniform(0, 3) * y
+    raw = np.concatenate([h, h, -rng.gamma(2.0, 0.5, (pid.size, 1))], axis=1)
+    kw = dict(lambdas=(lam,), components=(3,), cs=(0.8,), pairs_per_prompt=40, pairs_per_person=k, seed=seed % 97)
+    try:
+        base = train_procedure(raw, pid, y, **kw)
+    except ValueError:
+        return  # a pool with no pair at all (or no selection pair): nothing to certify
+    people = sorted(base.data.roster)
+    person = people[int(rng.integers(len(people)))]
+    other = people[(people.index(person) + 1) % len(people)]
+    nb = edited(raw, pid, y, person, edit, fmap=base.feature_map, direction=rng.standard_normal(base.w.size),
+                other=other)
+    try:
+        t = train_procedure(nb.raw, nb.prompt_ids, nb.correct, **kw)
+    except ValueError:
+        return  # the edit left no pair in D at all
+    assert t.settings == base.settings
+    delta_r = 4 * k / (base.m * lam) + 2 * 1e-9 / lam
+    assert np.linalg.norm(t.w - base.w) <= delta_r, (edit, np.linalg.norm(t.w - base.w), delta_r)
