@@ -108,7 +108,7 @@ def read_preferences(path, privacy_unit: str, *, max_rows=None, drop_empty: bool
     persons = persons.astype(str)
     if np.unique(persons).size < 2:
         raise ValueError(
-            f"{path}: every row belongs to one person ({privacy_unit} = {persons[0]!r}); privacy over "
+            f"{path}: every row belongs to one person ({privacy_unit} = {str(persons[0])!r}); privacy over "
             "persons needs at least two, and a release would publish that one person's data")
     lines = np.array([n for n, _ in records], dtype=np.int64)
     persons.setflags(write=False)
@@ -357,7 +357,7 @@ def check_disjoint(public: PreferenceTable, private: PreferenceTable) -> None:
         j = ids.get(public.person[i])
         if j is not None:
             raise ValueError(
-                f"the --public file {public.source} shares person id {public.person[i]!r} with the private "
+                f"the --public file {public.source} shares person id {str(public.person[i])!r} with the private "
                 f"data {private.source} (public {public.where(i)}, private {private.where(j)}); public data "
                 "must come from people outside D")
 
