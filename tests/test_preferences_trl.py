@@ -329,3 +329,11 @@ def test_the_real_hh_rlhf_file_reads_with_row_unit():
     assert sum(p[0]["content"].endswith("\n\nAssistant:") for p in t.prompts) > 0.7 * len(t)
     first = read_preferences(path, "row", max_rows=100, drop_empty=True)
     assert len(first) == 100 - sum(d <= 100 for d in t.dropped) and first.chosen == t.chosen[:len(first)]
+
+
+def test_the_error_names_the_first_bad_line_whatever_is_wrong_with_it(tmp_path):
+    rows = [dict(r) for r in ROWS["standard-explicit"]] * 2
+    rows[1], rows[4] = {**rows[1], "uid": None}, {**rows[4], "chosen": ""}
+    bad(tmp_path, rows, "line 2: the person id")
+    rows[1] = ROWS["conversational-explicit"][1]
+    bad(tmp_path, rows, "line 2 is conversational-explicit but line 1 is standard-explicit")

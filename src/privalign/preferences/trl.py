@@ -82,11 +82,13 @@ def read_preferences(path, privacy_unit: str, *, max_rows=None, drop_empty: bool
     float such as ``7.0``) becomes its decimal string, so ``7``, ``7.0`` and ``"7"`` are one person;
     ``null``, an empty string, a boolean or a non-integral float is an error. ``max_rows`` reads only
     the first rows. ``drop_empty=True`` leaves out (and lists in ``dropped``) the rows whose chosen
-    or rejected response is empty or blank, as in 4 of HH-RLHF's 1,500 harmless-base test rows, where
-    the preferred answer is to say nothing; by default such a row is an error. Errors (a ``ValueError`` naming the line and the field or value): a malformed
-    JSON line; a missing ``chosen``, ``rejected`` or privacy-unit field; ``chosen`` equal to
-    ``rejected``; an empty or non-string text; a file mixing formats; a null or empty person id; a
-    file with a single person.
+    or rejected response is empty or blank, as in 4 of HH-RLHF's 1,500 harmless-base test rows,
+    where the preferred answer is to say nothing; by default such a row is an error.
+
+    Errors, each a one-line ``ValueError`` naming the first bad line (or row) and the field or
+    value: a malformed JSON line; a missing ``chosen``, ``rejected`` or privacy-unit field;
+    ``chosen`` equal to ``rejected``; an empty or non-string text; a file mixing formats; a null or
+    empty person id; a file with a single person.
     """
     path = Path(path)
     if not isinstance(privacy_unit, str) or not privacy_unit.strip():
@@ -102,19 +104,16 @@ def read_preferences(path, privacy_unit: str, *, max_rows=None, drop_empty: bool
             f"{path} has no column {privacy_unit!r} to name persons (it has {', '.join(map(repr, columns))}); "
             "name the column that identifies a person, or pass --privacy-unit row (privacy_unit='row') "
             "to make every row its own person")
-    rows, records, dropped = _parse_rows(records, path, word, drop_empty)
-    form = _one_format([r[0] for r in rows], [n for n, _ in records], path, word)
-    persons = np.array([_person(rec, privacy_unit, n, f"{path}: {word} {n}") for n, rec in records], dtype=object)
-    persons = persons.astype(str)
+    rows, persons, lines, dropped = _parse_rows(records, path, word, privacy_unit, drop_empty)
+    persons, lines = np.array(persons, dtype=str), np.array(lines, dtype=np.int64)
     if np.unique(persons).size < 2:
         raise ValueError(
             f"{path}: every row belongs to one person ({privacy_unit} = {str(persons[0])!r}); privacy over "
             "persons needs at least two, and a release would publish that one person's data")
-    lines = np.array([n for n, _ in records], dtype=np.int64)
     persons.setflags(write=False)
     lines.setflags(write=False)
     return PreferenceTable(prompts=[r[1] for r in rows], chosen=[r[2] for r in rows],
-                           rejected=[r[3] for r in rows], person=persons, format=form,
+                           rejected=[r[3] for r in rows], person=persons, format=rows[0][0],
                            unit=privacy_unit, source=path, lines=lines, dropped=dropped)
 
 
@@ -180,20 +179,31 @@ class _EmptyResponse(ValueError):
     """A chosen or rejected response that is empty or blank (``drop_empty=True`` drops its row)."""
 
 
-def _parse_rows(records, path: Path, word: str, drop_empty: bool):
-    """The parsed rows, the records kept, and the numbers of the rows dropped for an empty response."""
-    rows, kept, dropped = [], [], []
+def _parse_rows(records, path: Path, word: str, unit: str, drop_empty: bool):
+    """The parsed rows, their persons and numbers, and the numbers of the rows dropped as empty.
+
+    Rows are checked in the file's order, so the error names the first bad row.
+    """
+    rows, persons, numbers, dropped = [], [], [], []
     for number, rec in records:
+        where = f"{path}: {word} {number}"
         try:
-            rows.append(_parse_row(rec, f"{path}: {word} {number}"))
-            kept.append((number, rec))
+            row = _parse_row(rec, where)
         except _EmptyResponse:
             if not drop_empty:
                 raise
+            _person(rec, unit, number, where)
             dropped.append(number)
-    if not kept:
+            continue
+        if rows and row[0] != rows[0][0]:
+            raise ValueError(f"{where} is {row[0]} but {word} {numbers[0]} is {rows[0][0]}; "
+                             "a file must use one TRL format throughout")
+        rows.append(row)
+        persons.append(_person(rec, unit, number, where))
+        numbers.append(number)
+    if not rows:
         raise ValueError(f"{path}: every row has an empty response; none is left to read")
-    return rows, kept, tuple(dropped)
+    return rows, persons, numbers, tuple(dropped)
 
 
 def _parse_row(rec: dict, where: str) -> tuple[str, list, str, str]:
@@ -297,14 +307,6 @@ def _standard_implicit(chosen, rejected, where: str) -> tuple[list, str, str]:
     c = _text(chosen[cut:], "chosen (after the shared prompt)", where, True)
     r = _text(rejected[cut:], "rejected (after the shared prompt)", where, True)
     return [{"role": "user", "content": prompt}], c, r
-
-
-def _one_format(forms: list[str], numbers: list[int], path: Path, word: str) -> str:
-    for form, number in zip(forms, numbers):
-        if form != forms[0]:
-            raise ValueError(f"{path}: {word} {number} is {form} but {word} {numbers[0]} is {forms[0]}; "
-                             "a file must use one TRL format throughout")
-    return forms[0]
 
 
 # --------------------------------------------------------------------------------------- persons
