@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest test-all bench pools models models-person pools-large heads-large release-heads clean
+.PHONY: demo test test-oldest test-all bench pools models models-person pools-large heads-large release-heads preferences-example clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,11 @@ pools: $(STAMP)
 	  $(BIN)/privalign score $(POOLS)/$$t-test.parquet --reward policy-bt:$(DATA)/$$t-policy-bt.json && \
 	  cp $(POOLS)/$$t-test.parquet $(DATA)/$$t-smollm2.parquet || exit 1; \
 	done
+
+# The shipped example of your own preference data (TRL conversational format, a user_id column;
+# seeded, the same bytes every time; docs/pipeline.md).
+preferences-example: $(STAMP)
+	$(BIN)/python examples/make_preferences_example.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
