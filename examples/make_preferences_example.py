@@ -1,7 +1,10 @@
 """Write the shipped example of your own preference data: src/privalign/data/preferences-example.jsonl.
 
-    python examples/make_preferences_example.py            # rewrites the shipped file
+    python examples/make_preferences_example.py            # rewrites the shipped files
     python examples/make_preferences_example.py --out my.jsonl
+
+Beside it, ``preferences-public-example.jsonl``: 30 other users' rows of the same kind (seed 53, ids
+``public-NNN``), the curator's own data that ``rm train --public`` may use without protection.
 
 TRL's conversational preference format with an explicit prompt, one row per line, and a ``user_id``
 column naming the person who asked and judged: ``{"prompt": [{"role": "user", "content": ...}],
@@ -21,6 +24,7 @@ import random
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "privalign" / "data" / "preferences-example.jsonl"
+PUBLIC = OUT.with_name("preferences-public-example.jsonl")
 WORDS = ("strawberry", "banana", "committee", "mississippi", "bookkeeper", "parallel", "assessment",
          "balloon", "coffee", "letter", "address", "occurrence", "millennium", "necessary", "tomorrow")
 ITEMS = ("apples", "pencils", "stamps", "marbles", "books", "coins", "shells", "cards")
@@ -96,25 +100,30 @@ def _row(question: str, chosen: str, rejected: str, user: str) -> dict:
             "user_id": user}
 
 
-def make_rows(seed: int = 52, users: int = 80) -> list[dict]:
+def make_rows(seed: int = 52, users: int = 80, prefix: str = "user", exclude=frozenset()) -> list[dict]:
     """The example's rows: ``users`` users with 2 to 8 rows each, in a seeded shuffled order."""
     rng = random.Random(seed)
     rows = []
     for u in range(1, users + 1):
-        user, verbose = f"user-{u:03d}", rng.random() < 0.5
+        user, verbose = f"{prefix}-{u:03d}", rng.random() < 0.5
         kinds = rng.sample((_arithmetic, _letters, _items), rng.randint(1, 3))  # each user's favourite topics
         asked, target = set(), rng.randint(2, 8)
         while len(asked) < target:
             question, chosen, rejected = rng.choice(kinds)(rng, verbose)
-            if question not in asked:
+            if question not in asked and (question, chosen, rejected) not in exclude:
                 asked.add(question)
                 rows.append(_row(question, chosen, rejected, user))
     rng.shuffle(rows)
     return rows
 
 
-def write(out: Path = OUT, seed: int = 52) -> Path:
-    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in make_rows(seed))
+def _key(row: dict) -> tuple:
+    return row["prompt"][0]["content"], row["chosen"][0]["content"], row["rejected"][0]["content"]
+
+
+def write(out: Path = OUT, seed: int = 52, users: int = 80, prefix: str = "user", exclude=frozenset()) -> Path:
+    """Write the rows (none of them in ``exclude``, keys (question, chosen, rejected))."""
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in make_rows(seed, users, prefix, exclude))
     out = Path(out)
     out.write_text(text, encoding="utf-8")
     return out
@@ -127,6 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     out = write(args.out, args.seed)
     print(f"wrote {out}")
+    if args.out == OUT:
+        private = frozenset(_key(r) for r in make_rows(args.seed))  # the public rows share none of D's
+        print(f"wrote {write(PUBLIC, 53, 30, 'public', private)}")
 
 
 if __name__ == "__main__":

@@ -61,3 +61,45 @@ def featurize(model, tokenizer, device, ids, responses: list[str], batch_size: i
                     lp, count = float(tok_lp[i].sum()), len(t)
                 out.append(policy_features(last[i], mean[i], lp, count))
     return np.stack(out)
+
+
+def featurize_many(model, tokenizer, device, prompts: list, responses: list[str], batch_size: int = 32,
+                   max_tokens: int = 4096):
+    """``featurize`` for many (prompt ids, response) pairs at once, each prompt its own: every text
+    is the prompt's tokens, the response's and an EOS, right-padded into batches of similar length
+    (a causal model never attends to the padding on the right), one plain forward pass per batch.
+    The same features as ``featurize`` (to float error): h_last at the EOS, h_mean over the response
+    tokens and the EOS, the mean log-probability of those tokens. A text longer than ``max_tokens``
+    keeps the end of its prompt (its response whole)."""
+    import numpy as np
+    import torch
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    items = []
+    for p, r in zip(prompts, responses):
+        resp = [t for t in tokenizer.encode(r, add_special_tokens=False) if t != eos] + [eos]
+        p = [int(t) for t in (p.tolist() if hasattr(p, "tolist") else p)]
+        p = p[-max(1, max_tokens - len(resp)):]
+        items.append((p, resp))
+    order = sorted(range(len(items)), key=lambda i: len(items[i][0]) + len(items[i][1]))
+    out: list = [None] * len(items)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            seqs = [items[i][0] + items[i][1] for i in idx]
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=device)
+            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], device=device)
+            h = model.model(input_ids=ids, attention_mask=attn).last_hidden_state  # as ``step`` reads it
+            for row, i in enumerate(idx):
+                n_p, n_r = len(items[i][0]), len(items[i][1])
+                span = slice(n_p, n_p + n_r)
+                # the logits only where they predict a response token (the whole vocabulary at every
+                # position of a batch would not fit in memory)
+                logp = torch.log_softmax(model.lm_head(h[row, n_p - 1:n_p + n_r - 1]).float(), dim=-1)
+                lp = logp.gather(1, ids[row, span][:, None]).double().sum()
+                hf = h[row].float()
+                out[i] = policy_features(hf[n_p + n_r - 1].cpu().numpy(), hf[span].mean(0).cpu().numpy(),
+                                         float(lp), n_r)
+    return np.stack(out)

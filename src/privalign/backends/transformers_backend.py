@@ -14,7 +14,7 @@ import math
 from . import loop_sampler
 from ..devices import auto_batch_size, out_of_memory, resolve_device
 from .base import Generation, fresh_seed
-from .features import featurize, policy_features
+from .features import featurize, featurize_many, policy_features
 from .hf_loading import load_model
 from .token_logprobs import token_logprobs
 
@@ -191,6 +191,12 @@ class TransformersGenerator:
         policy at ``temperature`` and ``top`` alternatives (``token_logprobs.token_logprobs``)."""
         return token_logprobs(self.model, self.tokenizer, self.device, self._prompt_ids(messages)[0], text, top=top,
                               temperature=temperature)
+
+    def featurize_many(self, items: list[tuple[list[dict], str]], batch_size: int = 32):
+        """Policy features of many (chat prompt, response) pairs in batches of similar length
+        (``features.featurize_many``): the features ``featurize`` gives, one plain forward pass a batch."""
+        return featurize_many(self.model, self.tokenizer, self.device, [self._prompt_ids(m)[0] for m, _ in items],
+                              [r for _, r in items], batch_size)
 
     def featurize(self, messages: list[dict], responses: list[str], batch_size: int = 64,
                   closed: list[bool] | None = None):

@@ -19,6 +19,9 @@ app.add_typer(ledger_app, name="ledger")
 
 from . import experiments, reproduce  # noqa: E402,F401  (register demo, simulate, evaluate, report, reproduce)
 from .reward_models import rm_app  # noqa: E402
+from .rm_preferences import rm_evaluate  # noqa: E402
+
+rm_app.command("evaluate")(rm_evaluate)
 
 app.add_typer(rm_app, name="rm")
 

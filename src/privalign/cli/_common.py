@@ -138,3 +138,8 @@ def unwrap_help(text: str | None) -> str | None:
                 merged.append(line.strip())
         out.append("\n".join(merged))
     return "\n\n".join(out)
+
+
+def private_path(out: Path) -> Path:
+    """Where ``rm train`` writes a model's D-derived diagnostics: beside it, marked private."""
+    return out.with_name(out.stem + ".private.json")

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from ._common import _fail, _out_file, _train_pool, console, parse_float_list, parse_int_list
+from ._common import _fail, _out_file, _train_pool, console, parse_float_list, parse_int_list, private_path
 
 
 rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")
@@ -41,7 +41,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                       "each half with the candidate trained on the other "
                                                       "(cross-fitted)"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
-             pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
+             pairs_per_person: Optional[int] = typer.Option(None, "--pairs-per-person", "--max-pairs-per-person",
+                                                            help="k: at most this many pairs per person "
                                                                        "(policy: a person is a train prompt's grader, "
                                                                        "default 16, the excess dropped; minilm: 1)"),
              max_persons: Optional[int] = typer.Option(None, help="policy: keep a seeded random P of D's persons "
@@ -56,10 +57,28 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
              seed: int = typer.Option(0),
              name: Optional[str] = typer.Option(None, help="reward name (default: minilm-bt or policy-bt)"),
              data_dir: Optional[str] = typer.Option(None),
+             preferences: Optional[Path] = typer.Option(None, help="your own preference data: TRL JSONL or Parquet "
+                                                                   "(prompt / chosen / rejected); with "
+                                                                   "--privacy-unit and --public"),
+             privacy_unit: Optional[str] = typer.Option(None, help="--preferences: the column that names a "
+                                                                   "person, or 'row' (each pair its own person)"),
+             public: Optional[Path] = typer.Option(None, help="--preferences: a preference file usable without "
+                                                              "protection; fits the feature map, chooses settings"),
+             model: str = typer.Option("smollm2", help="--preferences: the deployed policy (a Hugging Face causal "
+                                                       "LM) whose features the head reads"),
              out: Path = typer.Option(..., help="output model (JSON)")):
     """Train a certified Bradley-Terry reward model and print its certificate."""
     _out_file(out, "model")
     _out_file(private_path(out), "model")
+    if preferences is not None:
+        from .rm_preferences import train_from_preferences
+
+        grid = {"lambdas": _grid_values("lam", lam), "cs": _grid_values("cs", cs),
+                "components": _grid_values("components", components, parse_int_list),
+                "lp_clips": _grid_values("lp-clips", lp_clips)}
+        train_from_preferences(preferences, privacy_unit, public, model, pairs_per_person or 16, grid, seed,
+                               name or "policy-bt", out)
+        return
     if features == "policy":
         if objective not in ("privbon", "release"):
             _fail(f"--objective must be 'privbon' or 'release', got {objective!r}")
@@ -97,11 +116,6 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                   f"({model.sensitivity / (hi - lo):.3%} of its width); keep it with the operator")
     console.print(f"wrote {private} (private: what the head learnt from D, with no privacy; nothing read from D "
                   "is printed here)")
-
-
-def private_path(out: Path) -> Path:
-    """Where ``rm train`` writes a model's D-derived diagnostics: beside it, marked private."""
-    return out.with_name(out.stem + ".private.json")
 
 
 def _grid_values(name: str, text: Optional[str], parse=parse_float_list):

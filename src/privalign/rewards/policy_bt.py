@@ -168,6 +168,9 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
         self._generator = None
 
     def hyperparameters(self) -> str:
+        if self.meta.get("source") == "preferences":
+            return ("(q, c, L, lambda) and the feature map chosen on the public preference file only (--public); the "
+                    "final head trained once on D with those fixed settings")
         if "procedure" in self.meta:
             return ("(q, c, lambda) chosen without reading D: candidate heads trained and scored on the curator's "
                     "validation prompts only; the final head trained once on D with those fixed settings")
@@ -192,7 +195,7 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
                 f"replaced by at most {self.k} others, P = {persons} persons either way, loss normalised by "
                 f"m = P k = {self.m}), or by adding or removing one person (P and m change by one person: "
                 f"||w_D - w_D'|| <= 3k/(m lambda) + 2 g_tol/lambda, within the same Delta_r; the roster of ids is "
-                f"public); a person is {PERSON}")
+                f"public); a person is {self.meta.get('person_definition', PERSON)}")
 
     def guarantee(self) -> dict:
         return {**super().guarantee(), "unit": self.unit,
@@ -612,6 +615,9 @@ def train_policy_bt(raw: np.ndarray, prompt_ids, correct, *, task: str | None = 
 def model_procedure(model: PolicyBTReward) -> dict:
     """The training settings recorded in a model file (refuses files trained by the old procedure)."""
     proc = (model.meta or {}).get("procedure")
+    if (model.meta or {}).get("source") == "preferences":
+        raise ValueError("this head was trained on a preference file (rm train --preferences), not on a train "
+                         "pool: its procedure reruns from that file (rewards.preference_bt), not from a pool")
     if proc is None:
         raise ValueError("this model file records no training procedure: it was trained by privalign < 0.2, whose "
                          "choice of (q, c, lambda) read D, so its certificate does not cover it; retrain it")

@@ -1,0 +1,161 @@
+"""``privalign rm train --preferences`` and ``privalign rm evaluate``: a certified head from a user's
+own preference file (TRL's formats, a person column), and its held-out pairwise accuracy, exact and
+released."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import typer
+
+from ._common import _fail, console, parse_float_list, private_path
+
+
+def read_table(path: Path, privacy_unit: Optional[str], option: str = "--preferences"):
+    from ..preferences.trl import read_preferences
+
+    if privacy_unit is None:
+        _fail(f"{option} needs --privacy-unit: the column that names a person, or 'row' to make every pair its "
+              "own person (say so explicitly: it is right only when nobody gave two pairs)")
+    try:
+        return read_preferences(path, privacy_unit, drop_empty=True)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def pairs_of(table, model: str, policy=None):
+    """The table's pairs with their raw policy features (cached beside the file)."""
+    from ..backends import load_policy
+    from ..preference_features import featurize_table
+    from ..rewards.preference_bt import PreferencePairs
+
+    policy = policy or load_policy(model)
+    chosen, rejected = featurize_table(table, policy, model)
+    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), policy
+
+
+def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
+                           k: int, grid: dict, seed: int, name: str, out: Path):
+    """``rm train --preferences``: read both files, check them, featurize, train, write, print."""
+    from ..preferences.trl import check_disjoint
+    from ..rewards.preference_bt import train_preference_bt
+    if public is None:
+        _fail("--preferences needs --public FILE: a preference file the curator may use without protection (a "
+              "public data set, or the curator's own), on which the feature map and the settings are chosen, "
+              "so that no choice reads D")
+    d_table = read_table(preferences, privacy_unit)
+    p_table = read_table(public, privacy_unit if privacy_unit == "row" else _public_unit(public, privacy_unit),
+                         "--public")
+    try:
+        check_disjoint(p_table, d_table)
+    except ValueError as e:
+        _fail(str(e))
+    d, policy = pairs_of(d_table, model)
+    p, _ = pairs_of(p_table, model, policy)
+    try:
+        head, rows = train_preference_bt(d, p, k=k, seed=seed, grid=grid, base_model=model, name=name,
+                                         privacy_unit=d_table.unit, source=str(public))
+    except ValueError as e:
+        _fail(str(e))
+    head.save(out)
+    head.save_private(private_path(out))
+    best = max(rows, key=lambda r: (r["selection_accuracy"], r["lambda"]))
+    console.print(f"wrote {out}: P = {d.persons} persons (privacy unit: {d_table.unit}) of at most k = {k} pairs "
+                  f"each (how many were kept or dropped reads D: only the private report says), m = P k = {head.m}; "
+                  f"q = {best['components']}, c = {best['c']:g}, L = {best['lp_clip']:g}, lambda = {head.lam:g} "
+                  f"chosen on the public file ({p.persons} persons, pairwise accuracy {best['selection_accuracy']:.3f} "
+                  f"on its held-out half), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "
+                  f"and not protected: {public.name} and the roster of persons (guarantee.public_inputs); keep the "
+                  f"model file with the operator", highlight=False)
+    console.print(f"wrote {private_path(out)} (private: what the head learnt from D, with no privacy; nothing read "
+                  "from D is printed here)", highlight=False)
+    return head
+
+
+def _public_unit(public: Path, privacy_unit: str) -> str:
+    """The public file's person column: the same name when it has it, else each of its rows."""
+    from ..preferences.trl import read_preferences
+
+    try:
+        read_preferences(public, privacy_unit, max_rows=1, drop_empty=True)
+        return privacy_unit
+    except ValueError:
+        return "row"
+
+
+def rm_evaluate(head: Path = typer.Argument(..., help="a head trained by rm train --preferences (the exact file), "
+                                                      "or a released one"),
+                preferences: Path = typer.Option(..., help="held-out preference pairs (TRL JSONL or Parquet)"),
+                privacy_unit: str = typer.Option("row", help="the held-out file's person column (only read)"),
+                release_epsilon: Optional[str] = typer.Option(None, help="comma list of epsilon_w: the release's "
+                                                                        "accuracy over draws"),
+                release_delta: float = typer.Option(1e-6, help="delta_w of those releases"),
+                draws: int = typer.Option(60, help="release draws"),
+                seed: int = typer.Option(0),
+                json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table")):
+    """Held-out pairwise accuracy of a preference head (95% Wilson interval), beside the log-probability
+    alone, and of its release at each --release-epsilon (mean and 5th percentile over draws)."""
+    result = evaluate_head(head, preferences, privacy_unit, release_epsilon, release_delta, draws, seed)
+    if json_out:
+        print(json.dumps(result, indent=1))
+        return
+    _print_evaluation(result)
+
+
+def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release_epsilon, release_delta: float,
+                  draws: int, seed: int) -> dict:
+    from ..rewards.policy_bt import PolicyBTReward
+    from ..rewards.preference_bt import accuracy_interval, pair_correct
+    from ..rewards.release import ReleasedHead, check_release, release_noise_scale
+
+    try:
+        body = json.loads(head_path.read_text())
+        head = ReleasedHead.load(head_path) if body.get("kind") == "policy-bt-released" else \
+            PolicyBTReward.load(head_path)
+    except (OSError, ValueError, KeyError) as e:
+        _fail(f"{head_path}: {e}")
+    pairs, _ = pairs_of(read_table(preferences, privacy_unit), head.base_model)
+    w = getattr(head, "w", None)
+    w = head.w_tilde if w is None else w
+    acc = accuracy_interval(pair_correct(w, head.feature_map, pairs))
+    lp = pairs.chosen[:, -1] - pairs.rejected[:, -1]
+    out = {"head": str(head_path), "pairs": int(pairs.person.size), "exact" if hasattr(head, "w") else "released":
+           dict(zip(("accuracy", "lo", "hi"), acc)),
+           "logprob_alone": dict(zip(("accuracy", "lo", "hi"), accuracy_interval(np.where(lp > 0, 1.0, np.where(
+               lp < 0, 0.0, 0.5))))), "releases": []}
+    if release_epsilon:
+        if not hasattr(head, "w"):
+            _fail("--release-epsilon simulates releases of the exact head: pass the operator's exact file")
+        rng = np.random.default_rng(seed)
+        d = head.feature_map(pairs.chosen) - head.feature_map(pairs.rejected)
+        for eps in parse_float_list(release_epsilon):
+            try:
+                check_release(head, eps, release_delta)
+            except ValueError as e:
+                _fail(str(e))
+            sigma = release_noise_scale(head, eps, release_delta)
+            ws = head.w + sigma * rng.standard_normal((draws, head.w.size))
+            accs = np.mean((d @ ws.T) > 0, axis=0)
+            out["releases"].append({"epsilon_w": eps, "delta_w": release_delta, "sigma": sigma, "draws": draws,
+                                    "mean": float(accs.mean()), "p5": float(np.percentile(accs, 5))})
+    return out
+
+
+def _print_evaluation(r: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"pairwise accuracy on {r['pairs']} held-out pairs (95% interval)")
+    for col in ("head", "accuracy", "interval"):
+        table.add_column(col, justify="right")
+    for name, key in (("exact head", "exact"), ("released head", "released"), ("log-probability alone",
+                                                                              "logprob_alone")):
+        if key in r:
+            a = r[key]
+            table.add_row(name, f"{a['accuracy']:.3f}", f"[{a['lo']:.3f}, {a['hi']:.3f}]")
+    for rel in r["releases"]:
+        table.add_row(f"released at ({rel['epsilon_w']:g}, {rel['delta_w']:g})", f"{rel['mean']:.3f} (mean)",
+                      f"5th percentile {rel['p5']:.3f} over {rel['draws']} draws")
+    console.print(table)

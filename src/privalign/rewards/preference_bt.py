@@ -1,0 +1,144 @@
+"""A certified head on a user's own preference data (``rm train --preferences``).
+
+The data are TRL preference rows (``preferences.trl``), each with its person (the privacy-unit
+column, or the row itself with ``--privacy-unit row``), and the raw policy features of both
+responses (``preference_features``: teacher forcing through the deployed policy). The procedure:
+
+1. *Public data for every choice.* The feature map (mu, components, scales) is fitted on the
+   public file's responses, and (q, c, L, lambda) are chosen on it: its persons are split by a
+   keyed hash of their ids into two halves, a candidate head is trained on one half (at most k pairs
+   per person, loss normalised by P_half k, as the final head) and scored by pairwise accuracy on the
+   other. The public file shares no row and no person with D (``preferences.trl.check_disjoint``).
+2. *Contribution bounding.* Each person of D keeps at most k pairs, a uniform choice from the
+   stream of (seed, person id) (``preferences.bounding``); how many lost pairs goes to the private
+   report only.
+3. *The final head* is trained once on D with the chosen settings, loss normalised by m = P k, P
+   the persons of D (their ids are the public roster): ||w_D - w_D'|| <= 4k/(m lambda) + 2 g_tol /
+   lambda for one person's rows replaced, added or removed (docs/accounting.md).
+
+The head is a ``PolicyBTReward`` (unit: person), so ``rm release``, ``privalign serve`` and the
+planner take it as they take a head trained on privalign's own pools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..preferences.bounding import bound_per_person
+from ..preferences.splits import split_ids
+from .embedding_bt import certified_sensitivity, fit_bt
+from .policy_bt import FeatureMap, PolicyBTReward
+
+DEFAULT_GRID = {"components": (4, 8, 16), "cs": (0.6, 0.8, 0.95), "lp_clips": (4.0,),
+                "lambdas": (0.01, 0.03, 0.1, 0.3, 1.0)}
+
+
+@dataclass(frozen=True)
+class PreferencePairs:
+    """Raw policy features of each pair's chosen and rejected response, and the pair's person."""
+
+    chosen: np.ndarray    # (N, 2H + 1)
+    rejected: np.ndarray  # (N, 2H + 1)
+    person: np.ndarray    # (N,) str
+
+    def __post_init__(self):
+        if self.chosen.shape != self.rejected.shape or self.chosen.shape[0] != len(self.person):
+            raise ValueError(f"chosen {self.chosen.shape}, rejected {self.rejected.shape} and person "
+                             f"({len(self.person)}) must describe the same pairs")
+
+    @property
+    def persons(self) -> int:
+        return int(np.unique(self.person).size)
+
+
+def accuracy_interval(correct: np.ndarray) -> tuple[float, float, float]:
+    """Pairwise accuracy and its 95% Wilson interval (ties count half)."""
+    n = max(int(np.size(correct)), 1)
+    p = float(np.mean(correct)) if np.size(correct) else 0.0
+    z = 1.959963984540054
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return p, float(centre - half), float(centre + half)
+
+
+def pair_correct(w: np.ndarray, fmap: FeatureMap, pairs: PreferencePairs) -> np.ndarray:
+    """1 where the head scores the chosen response above the rejected one, 0.5 on a tie, else 0."""
+    margin = (fmap(pairs.chosen) - fmap(pairs.rejected)) @ w
+    return np.where(margin > 0, 1.0, np.where(margin < 0, 0.0, 0.5))
+
+
+def _bounded_diffs(fmap: FeatureMap, pairs: PreferencePairs, k: int, seed: int) -> tuple[np.ndarray, int]:
+    keep = bound_per_person(pairs.person, k, seed)
+    return fmap(pairs.chosen[keep]) - fmap(pairs.rejected[keep]), int(pairs.person.size - keep.size)
+
+
+def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9):
+    """Step 1 (module docstring), on the public pairs only: (the best row, its feature map, every row)."""
+    if public.persons < 2:
+        raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
+    half_a, half_b = split_ids(public.person, 0.5, seed)
+    in_a = np.isin(public.person, sorted(half_a))
+    fit = PreferencePairs(public.chosen[in_a], public.rejected[in_a], public.person[in_a])
+    score = PreferencePairs(public.chosen[~in_a], public.rejected[~in_a], public.person[~in_a])
+    raw = np.concatenate([public.chosen, public.rejected])
+    rows, best = [], None
+    for q in grid["components"]:
+        for c in grid["cs"]:
+            for lp_clip in grid["lp_clips"]:
+                fmap = FeatureMap.fit(raw, q=q, c=c, lp_clip=lp_clip)
+                d, _ = _bounded_diffs(fmap, fit, k, seed)
+                for lam in grid["lambdas"]:
+                    w, _ = fit_bt(d, lam, g_tol, normalizer=fit.persons * k)
+                    acc = float(np.mean(pair_correct(w, fmap, score)))
+                    row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc}
+                    rows.append(row)
+                    if best is None or (acc, lam) > (best[0]["selection_accuracy"], best[0]["lambda"]):
+                        best = (row, fmap)
+    return best[0], best[1], rows
+
+
+def _roster_digest(person: np.ndarray) -> str:
+    return hashlib.blake2b("\n".join(sorted(set(map(str, person)))).encode(), digest_size=16).hexdigest()
+
+
+def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int = 16, seed: int = 0,
+                        grid: dict | None = None, g_tol: float = 1e-9, base_model: str = "smollm2",
+                        name: str = "policy-bt", privacy_unit: str = "person", source: str = ""
+                        ) -> tuple[PolicyBTReward, list[dict]]:
+    """Steps 1-3 (module docstring): the certified head on D and the public choice's rows."""
+    if k < 1:
+        raise ValueError(f"max_pairs_per_person (k) must be >= 1, got {k!r}")
+    if d.persons < 2:
+        raise ValueError(f"the preference data need at least 2 persons, got {d.persons}")
+    grid = {**DEFAULT_GRID, **{key: tuple(v) for key, v in (grid or {}).items() if v}}
+    row, fmap, rows = choose_settings(public, grid, k, seed, g_tol)
+    diffs, dropped = _bounded_diffs(fmap, d, k, seed)
+    m = d.persons * k
+    w, g = fit_bt(diffs, row["lambda"], g_tol, normalizer=m)
+    unit_text = ("each row (one preference pair) is its own person (--privacy-unit row)" if privacy_unit == "row"
+                 else f"everyone named by one value of the column {privacy_unit!r}: all of their rows")
+    meta = {"task": None, "source": "preferences", "persons": d.persons, "privacy_unit": privacy_unit,
+            "person_definition": unit_text, "components": row["components"], "c": row["c"],
+            "lp_clip": row["lp_clip"], "selection_accuracy": row["selection_accuracy"],
+            "public_persons": public.persons, "public_pairs": int(public.person.size),
+            "procedure": {"unit": "person", "source": "preferences", "pairs_per_person": k, "seed": seed,
+                          "g_tol": g_tol, **{key: list(v) for key, v in grid.items()}},
+            "public_inputs": {
+                "public_file": source or "the --public preference file: every row of it, unprotected",
+                "public_use": "fits the feature map (mu, components, scales, published in a released file) and "
+                              "chooses (q, c, L, lambda); the curator must hold its persons' consent or use public data",
+                "person_ids": {"count": d.persons, "blake2b": _roster_digest(d.person),
+                               "use": "the roster of D's persons: it fixes P and each person's stream"},
+                "seed": seed, "settings_grid": "the candidate (q, c, L, lambda) and k, chosen by the operator"},
+            "head_id": uuid.uuid4().hex}
+    private = {"pairs": int(diffs.shape[0]), "pairs_dropped_beyond_k": dropped,
+               "persons_bounded": int(np.sum(np.unique(d.person, return_counts=True)[1] > k)),
+               "train_pair_accuracy": float(np.mean(diffs @ w > 0)), "achieved_grad_norm": g,
+               "weight_norm": float(np.linalg.norm(w)),
+               "certified_sensitivity": certified_sensitivity(m, row["lambda"], k, g_tol)}
+    model = PolicyBTReward(w, row["lambda"], m, k, g_tol, fmap, base_model, None, name, meta, private=private)
+    return model, rows
