@@ -1,0 +1,85 @@
+"""PrivBoN's noise floor (issue 51): sigma = max(the noise epsilon needs, tau), and the selection
+reports the epsilon it actually spends, computed from sigma (Gumbel: 2 Delta_r / sigma; Gaussian:
+App. E eq. (26), checked against the 120-digit reference)."""
+
+import numpy as np
+import pytest
+
+from privalign import accounting as A
+from privalign import mechanisms as M
+
+from . import reference as ref
+
+SCORES = np.random.default_rng(51).random(16)
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "exact"])
+@pytest.mark.parametrize("delta_r,epsilon", [(0.003, 1.0), (0.003, 0.1), (0.4, 2.0), (1.0, 4.0)])
+@pytest.mark.parametrize("tau", [0.0, 0.001, 0.006, 0.05, 0.3, 2.0])
+def test_gumbel_spends_two_delta_over_sigma(noise, delta_r, epsilon, tau):
+    if noise == "exact":
+        pytest.importorskip("opendp")
+    sel = M.privbon(SCORES, epsilon=epsilon, sensitivity=delta_r, temperature=tau, noise=noise,
+                    rng=np.random.default_rng(0))
+    sigma = max(2 * delta_r / epsilon, tau)  # the independent formula
+    assert sel.noise_scale == pytest.approx(sigma, rel=1e-12)
+    assert sel.epsilon == pytest.approx(2 * delta_r / sigma, rel=1e-9)
+    assert sel.epsilon <= epsilon * (1 + 1e-12)
+    if tau > 2 * delta_r / epsilon:  # the floor binds: strictly less than the budget
+        assert sel.epsilon < epsilon
+    # what the accountant charges for that noise is the same number
+    assert A.privbon_event(sel.noise_scale, delta_r, noise=noise).epsilon == pytest.approx(sel.epsilon, rel=1e-9)
+
+
+@pytest.mark.parametrize("tau", [0.2, 0.5, 1.0])
+def test_gaussian_floor_spends_what_eq_26_gives_at_sigma(tau):
+    n, delta_r, epsilon = SCORES.size, 0.01, 1.0
+    sel = M.privbon(SCORES, epsilon=epsilon, sensitivity=delta_r, temperature=tau, noise="gaussian",
+                    rng=np.random.default_rng(0))
+    calibrated = A.privbon_noise_scale(epsilon, delta_r, noise="gaussian", n=n, r_max=1.0)
+    assert sel.noise_scale == max(calibrated, tau)
+    assert tau > calibrated  # every tau here binds
+    exact = float(ref.gaussian_rnm_epsilon(tau, delta_r, 1.0, n))
+    assert exact <= sel.epsilon <= exact * (1 + 1e-6)  # eq. (26) from above, tight
+    assert sel.epsilon < epsilon
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "gaussian", "exact"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_floor_below_the_minimum_noise_changes_nothing(noise, seed):
+    if noise == "exact":
+        pytest.importorskip("opendp")
+    delta_r, epsilon = 0.05, 1.0
+    minimum = (A.privbon_noise_scale(epsilon, delta_r, noise="gaussian", n=SCORES.size, r_max=1.0)
+               if noise == "gaussian" else 2 * delta_r / epsilon)
+    plain = M.privbon(SCORES, epsilon=epsilon, sensitivity=delta_r, noise=noise, rng=np.random.default_rng(seed))
+    for tau in (0.0, minimum / 2, minimum * (1 - 1e-9)):
+        floored = M.privbon(SCORES, epsilon=epsilon, sensitivity=delta_r, noise=noise, temperature=tau,
+                            rng=np.random.default_rng(seed))
+        assert floored.noise_scale == plain.noise_scale and floored.epsilon == plain.epsilon
+        if noise != "exact":  # OpenDP draws from the OS: the same law, not the same draw
+            assert floored.index == plain.index
+
+
+def test_the_floor_also_applies_to_a_given_noise_scale_and_is_checked():
+    sel = M.privbon(SCORES, noise_scale=0.01, sensitivity=0.003, temperature=0.1, rng=np.random.default_rng(0))
+    assert sel.noise_scale == 0.1 and sel.epsilon == pytest.approx(0.06, rel=1e-12)
+    for bad in (-0.1, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="temperature"):
+            M.privbon(SCORES, epsilon=1.0, temperature=bad)
+
+
+def test_gumbel_max_at_sigma_is_soft_bon_at_temperature_sigma():
+    """The same law: the floor is soft BoN's temperature, bought with privacy (Thm 3.1)."""
+    from privalign import theory
+
+    r, sigma = SCORES[:5], 0.2
+    law = theory.privbon_law(r, sigma, reward_range=(0, 1))
+    softmax = np.exp(r / sigma) / np.exp(r / sigma).sum()
+    assert np.allclose(law, softmax, rtol=1e-9)
+    draws = 20_000
+    rng = np.random.default_rng(7)
+    counts = np.bincount([M.privbon(r, epsilon=1.0, sensitivity=0.003, temperature=sigma, rng=rng).index
+                          for _ in range(draws)], minlength=r.size)
+    # 5 standard errors of a binomial proportion at this many draws
+    assert np.all(np.abs(counts / draws - softmax) <= 5 * np.sqrt(softmax * (1 - softmax) / draws))
