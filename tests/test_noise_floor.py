@@ -83,3 +83,68 @@ def test_gumbel_max_at_sigma_is_soft_bon_at_temperature_sigma():
                           for _ in range(draws)], minlength=r.size)
     # 5 standard errors of a binomial proportion at this many draws
     assert np.all(np.abs(counts / draws - softmax) <= 5 * np.sqrt(softmax * (1 - softmax) / draws))
+
+
+# ---------------------------------------------------------------- the harness and `evaluate`
+from privalign.evaluation import EvalSettings, evaluate  # noqa: E402
+from privalign.simulate import simulate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hackable():
+    return simulate("hackable", 12, 64, seed=5).grouped()
+
+
+def rows(pool, **kw):
+    s = EvalSettings(algorithms=("privbon", "privbon-gaussian"), n_grid=(1, 4, 16), replicates=5,
+                     reward_range=(-3.0, 4.0), seed=1, **kw)
+    return {(r["algorithm"], r["n"]): r for r in evaluate(pool, s).summary_rows()}
+
+
+def test_the_harness_spends_what_the_floor_costs(hackable):
+    eps, delta_r, tau = 1.0, 0.003, 0.05
+    got = rows(hackable, epsilon=eps, sensitivity=delta_r, temperature=tau)
+    for n in (1, 4, 16):
+        r = got[("privbon", n)]
+        sigma = max(2 * delta_r / eps, tau)
+        assert r["sigma"] == pytest.approx(sigma, rel=1e-12)
+        assert r["epsilon_spent"] == pytest.approx(2 * delta_r / sigma, rel=1e-9)  # 0.12, not 1
+        g = got[("privbon-gaussian", n)]
+        if n > 1:
+            assert g["sigma"] >= tau
+            assert g["epsilon_spent"] == pytest.approx(A.gaussian_rnm_epsilon(g["sigma"], delta_r, 1.0, n), rel=1e-12)
+            assert g["epsilon_spent"] <= eps
+
+
+def test_a_floor_below_the_minimum_noise_leaves_the_harness_unchanged(hackable):
+    eps, delta_r = 1.0, 0.05
+    plain = rows(hackable, epsilon=eps, sensitivity=delta_r)
+    low = rows(hackable, epsilon=eps, sensitivity=delta_r, temperature=0.5 * 2 * delta_r / eps)
+    assert low.keys() == plain.keys()
+    for key, r in plain.items():  # every number the same (NaN where both are NaN: no halting time)
+        assert {k: str(v) for k, v in low[key].items()} == {k: str(v) for k, v in r.items()}, key
+
+
+def test_evaluate_writes_epsilon_spent(tmp_path):
+    import csv
+
+    from typer.testing import CliRunner
+
+    from privalign.cli import app
+
+    pool = tmp_path / "pool.parquet"
+    simulate("hackable", 4, 32, seed=0).save(pool)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["evaluate", str(pool), "--algorithms", "bon,privbon", "--n", "1,8",
+                                   "--replicates", "2", "--workers", "1", "--epsilon", "1", "--temperature", "0.1",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    got = {(r["algorithm"], r["n"]): r for r in csv.DictReader((out / "summary.csv").open())}
+    # sensitivity defaults to the range's width, 1: 2 Delta_r / epsilon = 2 > tau, so the floor does not bind
+    assert float(got[("privbon", "8")]["epsilon_spent"]) == pytest.approx(1.0, rel=1e-12)
+    assert float(got[("privbon", "8")]["sigma"]) == pytest.approx(2.0, rel=1e-12)
+    res = CliRunner().invoke(app, ["evaluate", str(pool), "--algorithms", "privbon", "--n", "8", "--replicates", "2",
+                                   "--workers", "1", "--epsilon", "1", "--temperature", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    row = next(csv.DictReader((out / "summary.csv").open()))
+    assert float(row["epsilon_spent"]) == pytest.approx(2 * 1.0 / 4, rel=1e-12)
