@@ -148,3 +148,94 @@ def test_evaluate_writes_epsilon_spent(tmp_path):
     assert res.exit_code == 0, res.output
     row = next(csv.DictReader((out / "summary.csv").open()))
     assert float(row["epsilon_spent"]) == pytest.approx(2 * 1.0 / 4, rel=1e-12)
+
+
+# ---------------------------------------------------------------- the service, through `privalign serve`
+FLOOR_SERVICE = """
+admin_keys = ["{admin}"]
+[clients.{client}]
+tenant = "acme"
+[generator]
+backend = "stub"
+[reward]
+kind = "stub"
+output_range = [0.0, 1.0]
+sensitivity = 0.003
+[mechanism]
+name = "privbon"
+n = 4
+epsilon = 1.0
+temperature = 0.03
+temperature_max = 0.5
+[[budgets]]
+name = "acme-basic"
+tenant = "acme"
+epsilon_total = 5.0
+composition = "basic"
+[[budgets]]
+name = "acme-fsrc"
+tenant = "acme"
+epsilon_total = 5.0
+composition = "fsrc"
+[[budgets]]
+name = "acme-zcdp"
+tenant = "acme"
+epsilon_total = 5.0
+delta_total = 1e-6
+composition = "zcdp"
+"""
+
+
+def test_serve_charges_the_floor_exactly_what_it_spends_on_every_composition(tmp_path):
+    """`privalign serve` on loopback: [mechanism] temperature is privbon's noise floor, a request's
+    privalign.temperature replaces it within temperature_max, never below 2 Delta_r / epsilon, and
+    each query is charged exactly 2 Delta_r / sigma (its rho, under zcdp, eps^2 / 8), in the response
+    and in the ledger, under basic, FSRC and zCDP composition."""
+    from privalign.ledger import Ledger
+
+    from .test_server import ADMIN, CLIENT, Server, chat
+
+    delta_r = 0.003
+    srv = Server(tmp_path, FLOOR_SERVICE.format(admin=ADMIN, client=CLIENT))
+    srv.start()
+    # (the request's privalign block, the sigma the independent formula gives)
+    asks = [({}, max(2 * delta_r / 1.0, 0.03)),                                   # the operator's floor: eps 0.2
+            ({"temperature": 0.1}, 0.1),                                            # a request's own: eps 0.06
+            ({"temperature": 0.001}, 2 * delta_r / 1.0),                            # below the minimum: eps 1
+            ({"temperature": 0}, 2 * delta_r / 1.0),                                # no floor: eps 1
+            ({"epsilon": 0.5, "temperature": 0.2}, 0.2),                            # eps 0.03
+            ({"noise_scale": 0.01, "temperature": 0.05}, 0.05)]                     # eps 0.12
+    try:
+        for budget in ("acme-basic", "acme-fsrc", "acme-zcdp"):
+            expected = []
+            for ext, sigma in asks:
+                status, body = chat(srv.url, {**ext, "budget": budget})
+                assert status == 200, body
+                p = body["privalign"]
+                spent = 2 * delta_r / sigma
+                assert p["noise_scale"] == pytest.approx(sigma, rel=1e-12)
+                assert p["epsilon_charged"] == pytest.approx(spent, rel=1e-6)  # shown rounded
+                assert p["epsilon_max"] == p["epsilon_charged"]  # nothing reserved beyond what is spent
+                if budget == "acme-zcdp":
+                    assert p["rho_charged"] == pytest.approx(spent ** 2 / 8, rel=1e-6)
+                expected.append(spent)
+            # refusals charge nothing: over the operator's cap, and a temperature for privitp
+            for ext in ({"temperature": 0.6}, {"temperature": -1}, {"mechanism": "privitp", "temperature": 0.1}):
+                status, body = chat(srv.url, {**ext, "budget": budget})
+                assert status == 400 and "temperature" in body["error"]["message"], body
+            led = Ledger(str(srv.ledger_path))
+            charges = [c[2] for c in led.charges(budget)]
+            assert len(charges) == len(asks)
+            for got, want, (ext, sigma) in zip(charges, expected, asks):
+                assert got == pytest.approx(want, rel=1e-12)
+                assert got == A.gumbel_epsilon(max(A.gumbel_noise_scale(ext.get("epsilon", 1.0), delta_r)
+                                                   if "noise_scale" not in ext else ext["noise_scale"],
+                                                   ext.get("temperature", 0.03)), delta_r)  # bit for bit
+            state = led.budget(budget)
+            assert state.queries == len(asks) and state.open == 0
+            if budget == "acme-zcdp":
+                assert state.spent_rho == pytest.approx(sum(e ** 2 / 8 for e in expected), rel=1e-9)
+            else:
+                assert state.spent.epsilon == pytest.approx(sum(expected), rel=1e-9)
+    finally:
+        srv.stop()
