@@ -239,3 +239,34 @@ def test_serve_charges_the_floor_exactly_what_it_spends_on_every_composition(tmp
                 assert state.spent.epsilon == pytest.approx(sum(expected), rel=1e-9)
     finally:
         srv.stop()
+
+
+# ---------------------------------------------------------------- reproduce: tau per n on held-out prompts
+def test_reproduce_chooses_the_floor_per_n_on_held_out_prompts_and_reports_what_it_spends():
+    """On a hackable world with a small Delta_r, the held-out prompts choose more noise than the
+    minimum at large n; the test rows at the tuned floor spend exactly 2 Delta_r / sigma < epsilon."""
+    from privalign.evaluation import private as P
+    from privalign.evaluation.experiments import split_prompts
+    from privalign.evaluation.suite import floor_headline
+
+    pool = simulate("hackable", 40, 256, seed=8).grouped()
+    base = EvalSettings(replicates=10, reward_range=(-3.0, 3.0), sensitivity=0.003, seed=2)
+    held_idx, test_idx = split_prompts(pool.n_prompts, 0.5, 0)
+    held, test = pool.subset(held_idx), pool.subset(test_idx)
+    floors, rows = P.tune_temperature(held, base, 1.0, (1, 16, 64))
+    assert len(rows) == len(P.TEMPERATURE_GRID) * 3
+    for n, c in floors.items():  # the choice is the held-out argmax, and what it spends follows from sigma
+        best = max(r["heldout_accuracy"] for r in rows if r["n"] == n)
+        assert c["heldout_accuracy"] == best
+        assert c["sigma"] == pytest.approx(max(0.006, c["temperature"]), rel=1e-12)
+        assert c["epsilon_spent"] == pytest.approx(0.006 / c["sigma"], rel=1e-9)
+    assert floors[64]["sigma"] > 0.006 and floors[64]["epsilon_spent"] < 1.0  # more noise selects better
+    chosen = {"itp": {"beta": 0.05}}
+    curve = P.curves(test, base, chosen, (1.0,), (16, 64), {1.0: floors})
+    tuned = [r for r in curve if r["method"].endswith(P.TUNED)]
+    assert [r["n"] for r in tuned] == [16, 64]
+    for r in tuned:
+        assert r["epsilon_spent"] == r["worst_case_epsilon"] == pytest.approx(0.006 / r["sigma"], rel=1e-9)
+        assert r["temperature"] == floors[r["n"]]["temperature"]
+    head = floor_headline(curve, (1.0,))["1"]
+    assert head["64"]["epsilon_spent"] == tuned[1]["epsilon_spent"] and head["64"]["bon_accuracy"] is not None

@@ -72,6 +72,8 @@ class Reproduction:
     stream_summary: list
     headline: dict
     study: dict | None
+    floors: dict | None = None       # {target epsilon: {n: PrivBoN's noise floor chosen on held-out prompts}}
+    floor_rows: list | None = None   # every (tau, n) tried on the held-out prompts
 
 
 def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0, 4.0), n_ref: int = 16,
@@ -104,8 +106,12 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
     held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
     held, test = grouped.subset(held_idx), grouped.subset(test_idx)
     chosen, tune_rows = P.tune(held, s, targets, n_ref, beta_grid)
+    floors, floor_rows = {}, []
+    for eps in targets:  # PrivBoN's noise floor per n, on the held-out prompts (issue 51)
+        floors[eps], rows = P.tune_temperature(held, s, eps, n_grid)
+        floor_rows += rows
     tick("tuning under privacy constraints")
-    curve_rows = P.curves(test, s, chosen, targets, n_grid)
+    curve_rows = P.curves(test, s, chosen, targets, n_grid, floors)
     tick("curves")
     utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0])
     tick("privacy-utility")
@@ -118,6 +124,7 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
     tick("FSRC stream")
     headline = headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref)
     headline["auc"] = test_auc(pool, s.reward, grouped.prompt_ids[test_idx])
+    headline["noise_floor"] = floor_headline(curve_rows, targets)
     tick("headline")
     study = None
     if release is not None:
@@ -128,7 +135,26 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
         headline["release"] = release_headline(study)
         tick("released head")
     return Reproduction(s, grouped.n_prompts, n_grid, len(held_idx), len(test_idx), chosen, tune_rows, curve_rows,
-                        utility_rows, abl_sigma, sweep, stream_rows, stream_summary, headline, study)
+                        utility_rows, abl_sigma, sweep, stream_rows, stream_summary, headline, study, floors, floor_rows)
+
+
+def floor_headline(curve_rows, targets) -> dict:
+    """Per target epsilon and n, on the test prompts: Gumbel PrivBoN at the minimum noise and at the
+    noise floor tau chosen on the held-out prompts, the epsilon each spends, and BoN."""
+    from .private import LABELS, TUNED
+
+    out = {}
+    for eps in targets:
+        at = {}
+        for r in curve_rows:
+            if r["method"] == f"{LABELS['privbon']} eps={eps:g}{TUNED}":
+                plain, bon = _at(curve_rows, f"{LABELS['privbon']} eps={eps:g}", r["n"]), _at(curve_rows, "BoN", r["n"])
+                at[str(r["n"])] = {"temperature": r["temperature"], "sigma": r["sigma"],
+                                   "epsilon_spent": r["epsilon_spent"], "accuracy": r["accuracy"],
+                                   "minimum_noise_accuracy": plain and plain["accuracy"],
+                                   "bon_accuracy": bon and bon["accuracy"]}
+        out[f"{eps:g}"] = at
+    return out
 
 
 def release_headline(study: dict) -> dict:

@@ -83,7 +83,8 @@ def _style(row) -> dict:
     eps = row.get("target_epsilon")
     dashed = eps not in (None, "", float("inf")) and isinstance(eps, (int, float)) and eps > 1.0
     capped = row["algorithm"] == "privitp" and row.get("max_rounds") not in (None, "")
-    tuned = str(row.get("method", "")).startswith("ITP (beta tuned")  # large-n: ITP at its own beta per n
+    # large-n: ITP at its own beta per n; reproduce: PrivBoN at its own noise floor per n
+    tuned = str(row.get("method", "")).startswith("ITP (beta tuned") or "tau tuned" in str(row.get("method", ""))
     return {"color": CAPPED_COLOR if capped else COLORS.get(row["algorithm"]),
             "ls": "--" if dashed else "-." if tuned else "-"}
 
