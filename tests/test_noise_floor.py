@@ -270,3 +270,27 @@ def test_reproduce_chooses_the_floor_per_n_on_held_out_prompts_and_reports_what_
         assert r["temperature"] == floors[r["n"]]["temperature"]
     head = floor_headline(curve, (1.0,))["1"]
     assert head["64"]["epsilon_spent"] == tuned[1]["epsilon_spent"] and head["64"]["bon_accuracy"] is not None
+
+
+# ---------------------------------------------------------------- the planner
+def test_plan_counts_queries_at_the_epsilon_actually_spent():
+    from typer.testing import CliRunner
+
+    from privalign.accounting import planner
+    from privalign.cli import app
+
+    delta_r, eps, tau = 0.003, 1.0, 0.05
+    event = planner.query_event("privbon", eps, sensitivity=delta_r, temperature=tau)
+    assert event.epsilon == pytest.approx(2 * delta_r / tau, rel=1e-12)  # 0.12, not 1
+    counts = planner.plan_counts(10.0, 1e-6, event)
+    assert counts["basic"] == counts["fsrc"] == 83  # floor(10 / 0.12)
+    assert counts["zcdp"] > counts["basic"]
+    below = planner.query_event("privbon", eps, sensitivity=delta_r, temperature=0.001)  # below the minimum noise
+    assert below == planner.query_event("privbon", eps, sensitivity=delta_r)
+    with pytest.raises(ValueError, match="temperature"):
+        planner.query_event("privitp", eps, sensitivity=delta_r, temperature=tau)
+    res = CliRunner().invoke(app, ["plan", "--epsilon-total", "10", "--epsilon", "1", "--sensitivity", "0.003",
+                                   "--temperature", "0.05"])
+    assert res.exit_code == 0 and "spending 0.12" in res.output and " 83 " in res.output, res.output
+    res = CliRunner().invoke(app, ["plan", "--epsilon-total", "10", "--queries", "5", "--temperature", "0.05"])
+    assert res.exit_code == 2 and "--temperature" in res.output

@@ -40,7 +40,7 @@ LABELS = {"bon": "BoN", "itp": "ITP", "privbon": "PrivBoN (Gumbel)", "privbon-ga
           "privitp": "PrivITP"}
 PHASE1_FRACTIONS = (0.25, 0.5, 0.75)
 # PrivBoN's noise floors tried on the held-out prompts, in units of the range (0: the minimum noise)
-TEMPERATURE_GRID = (0.0, 0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
+TEMPERATURE_GRID = (0.0, 0.003, 0.005, 0.007, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
 TUNED = ", tau tuned"  # the label's suffix for PrivBoN at its tuned noise floor
 
 

@@ -73,7 +73,7 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
     BoN at temperature sigma; past the minimum noise it regularises against reward hacking and
     spends less than ``epsilon``. The selection's ``epsilon`` is always the one spent, computed from
     the sigma used (Gumbel and exact: 2 Delta_r / sigma). tau must not be chosen by reading the
-    private data behind the scores (docs/accounting.md, "The noise floor").
+    private data behind the scores (docs/experiments.md, "PrivBoN's noise floor").
     """
     r, r_max, n_clipped = prepare_rewards(rewards, reward_range)
     delta_r = check_sensitivity(sensitivity, r_max)
