@@ -294,3 +294,14 @@ def test_plan_counts_queries_at_the_epsilon_actually_spent():
     assert res.exit_code == 0 and "spending 0.12" in res.output and " 83 " in res.output, res.output
     res = CliRunner().invoke(app, ["plan", "--epsilon-total", "10", "--queries", "5", "--temperature", "0.05"])
     assert res.exit_code == 2 and "--temperature" in res.output
+
+
+def test_the_harness_calibrates_privitp_to_epsilon_at_each_n(hackable):
+    """With --epsilon, PrivITP (no floor) is calibrated at every n: its worst case fits, and it spends less."""
+    s = EvalSettings(algorithms=("privitp",), n_grid=(4, 16), replicates=3, reward_range=(-3.0, 4.0), seed=1,
+                     epsilon=1.0, sensitivity=0.05, delta=1e-5, temperature=0.3)
+    for r in evaluate(hackable, s).summary_rows():
+        at = s.at("privitp", r["n"])
+        worst = A.privitp_epsilon_max(r["n"], at.beta, at.sx, at.sz, at.delta, 0.05, 1.0)
+        assert worst <= 1.0 and 0 < r["epsilon_spent"] <= worst
+        assert r["sigma"] == pytest.approx(at.sx + at.sz, rel=1e-12)

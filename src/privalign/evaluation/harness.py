@@ -24,6 +24,7 @@ Metrics, per selection (the fallback counts as a fresh base-policy draw)
                   capped at T = ``max_rounds``: T + 1)
     epsilon       privacy spent per query (PrivITP: mean realised ex-post epsilon); the summary
                   repeats it as ``epsilon_spent`` beside ``sigma``, the noise used at that n
+    fallback      ITP/PrivITP: the probability that no candidate is accepted (a fresh draw answers)
 
 Noise
     ``sigma`` (PrivBoN's noise, PrivITP's total split in halves), or with ``epsilon`` set, every
@@ -31,7 +32,6 @@ Noise
     PrivITP re-calibrated per n: their worst case grows with n; PrivITP splits it in halves between
     its phases). ``temperature`` tau is PrivBoN's noise floor (Gumbel and Gaussian): sigma =
     max(that noise, tau), and the query spends what sigma costs, 2 Delta_r / sigma for Gumbel.
-    fallback      ITP/PrivITP: the probability that no candidate is accepted (a fresh draw answers)
 """
 
 from __future__ import annotations
