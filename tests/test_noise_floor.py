@@ -305,3 +305,16 @@ def test_the_harness_calibrates_privitp_to_epsilon_at_each_n(hackable):
         worst = A.privitp_epsilon_max(r["n"], at.beta, at.sx, at.sz, at.delta, 0.05, 1.0)
         assert worst <= 1.0 and 0 < r["epsilon_spent"] <= worst
         assert r["sigma"] == pytest.approx(at.sx + at.sz, rel=1e-12)
+
+
+def test_the_headline_says_where_privacy_is_free():
+    from privalign.report.html import headline_sentences
+
+    row = {"temperature": 0.05, "sigma": 0.05, "epsilon_spent": 0.12, "accuracy": 0.55,
+           "minimum_noise_accuracy": 0.1, "bon_accuracy": 0.08, "binds": True, "epsilon_star": 0.12}
+    h = {"target_epsilon": 1.0, "noise_floor": {"1": {"2": {**row, "binds": False, "epsilon_star": None},
+                                                      "1024": row}}}
+    (line,) = headline_sentences(h)
+    assert "n = 1024" in line and "spends 0.12 of epsilon = 1" in line and "epsilon* = 0.12" in line
+    h["noise_floor"]["1"]["1024"] = {**row, "binds": False, "epsilon_star": None}
+    assert "does not bind" in headline_sentences(h)[0]

@@ -149,10 +149,14 @@ def floor_headline(curve_rows, targets) -> dict:
         for r in curve_rows:
             if r["method"] == f"{LABELS['privbon']} eps={eps:g}{TUNED}":
                 plain, bon = _at(curve_rows, f"{LABELS['privbon']} eps={eps:g}", r["n"]), _at(curve_rows, "BoN", r["n"])
+                binds = bool(plain and r["sigma"] > plain["sigma"])
                 at[str(r["n"])] = {"temperature": r["temperature"], "sigma": r["sigma"],
                                    "epsilon_spent": r["epsilon_spent"], "accuracy": r["accuracy"],
                                    "minimum_noise_accuracy": plain and plain["accuracy"],
-                                   "bon_accuracy": bon and bon["accuracy"]}
+                                   "bon_accuracy": bon and bon["accuracy"], "binds": binds,
+                                   # privacy is free above epsilon* = 2 Delta_r / tau, where the floor binds;
+                                   # where it does not, epsilon* lies above the target
+                                   "epsilon_star": r["epsilon_spent"] if binds else None}
         out[f"{eps:g}"] = at
     return out
 
