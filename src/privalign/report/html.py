@@ -489,4 +489,9 @@ def _study_section(d: Path, sm: dict) -> list[str]:
                  + ", ".join(f"n = {k}: T = {c['max_rounds']}, beta {sig3(c['beta'])}, split "
                              f"{sig3(c['phase1_fraction'])}, fallback {sig3(c.get('test_fallback'))}"
                              for k, c in sm["capped_by_n"].items()) + ".</p>")
+    if sm.get("privbon_floor_by_n"):
+        p.append("<p>Gumbel PrivBoN's noise floor tau, chosen on held-out prompts at each n, and the epsilon per "
+                 "query it spends: " + ", ".join(f"n = {k}: tau {sig3(c['temperature'])}, epsilon "
+                                                 f"{sig3(c['epsilon_spent'])}"
+                                                 for k, c in sm["privbon_floor_by_n"].items()) + ".</p>")
     return p
