@@ -318,3 +318,24 @@ def test_the_headline_says_where_privacy_is_free():
     assert "n = 1024" in line and "spends 0.12 of epsilon = 1" in line and "epsilon* = 0.12" in line
     h["noise_floor"]["1"]["1024"] = {**row, "binds": False, "epsilon_star": None}
     assert "does not bind" in headline_sentences(h)[0]
+
+
+def test_privacy_utility_plateaus_above_epsilon_star():
+    """Above epsilon*, the tuned floor selects the same way at every epsilon and spends epsilon*."""
+    from privalign.evaluation import private as P
+    from privalign.evaluation.experiments import split_prompts
+
+    pool = simulate("hackable", 40, 256, seed=8).grouped()
+    base = EvalSettings(replicates=10, reward_range=(-3.0, 3.0), sensitivity=0.003, seed=2)
+    held_idx, test_idx = split_prompts(pool.n_prompts, 0.5, 0)
+    rows = P.privacy_utility(pool.subset(test_idx), base, {"itp": {"beta": 0.05}}, (1.0, 4.0, 10.0), n=64,
+                             held=pool.subset(held_idx))
+    tuned = {r["target_epsilon"]: r for r in rows if r["method"].endswith(P.TUNED)}
+    assert set(tuned) == {1.0, 4.0, 10.0}
+    star = tuned[10.0]["epsilon_spent"]
+    assert star < 1.0  # the floor binds at every epsilon here
+    for eps in (1.0, 4.0):
+        assert tuned[eps]["sigma"] == tuned[10.0]["sigma"] and tuned[eps]["accuracy"] == tuned[10.0]["accuracy"]
+        assert tuned[eps]["epsilon_spent"] == star
+    plain = {r["target_epsilon"]: r for r in rows if r["method"] == P.LABELS["privbon"]}
+    assert plain[10.0]["epsilon_spent"] == pytest.approx(10.0) and plain[10.0]["accuracy"] < tuned[10.0]["accuracy"]

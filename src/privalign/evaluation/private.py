@@ -168,6 +168,15 @@ def tune_temperature(held: GroupedPool, base: EvalSettings, epsilon: float, n_gr
     return chosen, rows
 
 
+def tune_temperatures(held: GroupedPool, base: EvalSettings, targets, n_grid) -> tuple[dict, list[dict]]:
+    """``tune_temperature`` for each target epsilon: ({epsilon: {n: choice}}, every row tried)."""
+    floors, rows = {}, []
+    for eps in targets:
+        floors[eps], r = tune_temperature(held, base, eps, n_grid)
+        rows += r
+    return floors, rows
+
+
 def bootstrap_ci(values: np.ndarray, reps: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean over prompts."""
     v = np.asarray(values, float)
@@ -236,8 +245,10 @@ def _baselines(test: GroupedPool, base: EvalSettings, chosen: dict, n: int) -> l
 
 
 def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilons, n: int = 16,
-                    tuned_at: float = 1.0) -> list[dict]:
-    """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``."""
+                    tuned_at: float = 1.0, held: GroupedPool | None = None) -> list[dict]:
+    """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``.
+    With ``held``, Gumbel PrivBoN also at its noise floor, tau chosen on ``held`` at each epsilon: its
+    accuracy plateaus above epsilon*, where it spends epsilon* = 2 Delta_r / tau whatever the target."""
     rows = _baselines(test, base, chosen, n)
     c = chosen.get(tuned_at, {}).get("privitp")
     for eps in epsilons:
@@ -252,6 +263,10 @@ def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilon
             except ValueError:
                 continue
             rows.append(_measure(test, LABELS[algo], algo, eps, n, s))
+    for eps in epsilons if held is not None else ():
+        tau = tune_temperature(held, base, eps, (n,))[0][int(n)]["temperature"]
+        rows.append({**_measure(test, f"{LABELS['privbon']}{TUNED}", "privbon", eps, n,
+                                calibrate(base, "privbon", eps, n, temperature=tau)), "temperature": tau})
     return rows
 
 

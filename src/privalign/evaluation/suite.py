@@ -88,7 +88,8 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
        the best setting whose worst-case epsilon does not exceed it (``private.tune``).
     2. Accuracy versus n on the test prompts, every private method re-calibrated at each n to its
        target, with 95% bootstrap intervals over prompts.
-    3. The privacy-utility curve at n = ``n_ref``; 4. ITP versus PrivITP across noise, with PrivITP's
+    3. The privacy-utility curve at n = ``n_ref`` (Gumbel PrivBoN also at its noise floor, tau
+       chosen on the held-out prompts at each epsilon); 4. ITP versus PrivITP across noise, with PrivITP's
        sigma also chosen for accuracy alone on the held-out prompts (the paper's protocol), its
        epsilon reported; 5. streams of PrivITP and Gumbel PrivBoN queries under one budget: basic,
        FSRC and zCDP; 6. with ``release`` (a certified head whose features the pool carries), the
@@ -106,14 +107,11 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
     held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
     held, test = grouped.subset(held_idx), grouped.subset(test_idx)
     chosen, tune_rows = P.tune(held, s, targets, n_ref, beta_grid)
-    floors, floor_rows = {}, []
-    for eps in targets:  # PrivBoN's noise floor per n, on the held-out prompts (issue 51)
-        floors[eps], rows = P.tune_temperature(held, s, eps, n_grid)
-        floor_rows += rows
+    floors, floor_rows = P.tune_temperatures(held, s, targets, n_grid)  # PrivBoN's noise floor per n (issue 51)
     tick("tuning under privacy constraints")
     curve_rows = P.curves(test, s, chosen, targets, n_grid, floors)
     tick("curves")
-    utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0])
+    utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0], held=held)
     tick("privacy-utility")
     s_paper = replace(s, beta=chosen["itp"]["beta"])
     abl_sigma = X.ablation(grouped, s_paper, "privitp", "sigma", sigma_grid, n_ref=n_ref)
