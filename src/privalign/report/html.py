@@ -179,7 +179,7 @@ def _floor_sentence(fl: dict, eps: float, num) -> str:
             f"minimum noise and BoN's {num(r['bon_accuracy'])}; ")
     if r["binds"]:
         return head + f"privacy is free above epsilon* = {num(r['epsilon_star'])} per query (more noise selects better)."
-    return head + f"the floor does not bind: epsilon* lies above {num(eps)} (the minimum noise already regularises)."
+    return head + f"the floor does not bind: epsilon* lies above {num(eps)} (more noise than privacy needs selects no better here)."
 
 
 def _release_sentence(rel: dict, num, verdict, name) -> str:
