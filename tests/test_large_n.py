@@ -101,3 +101,19 @@ def test_reproduce_large_on_a_slice_of_the_shipped_large_pool(tmp_path):
     # fewer people, a larger certified sensitivity
     assert body["studies"][1]["sensitivity"] > 10 * body["studies"][0]["sensitivity"]
     assert r.output.count("The paper's claim") == 2
+
+
+def test_the_large_n_study_shows_privbon_at_its_noise_floor_beside_the_claim(hacked):
+    """Issue 51: tau chosen per n on held-out prompts; its rows spend 2 Delta_r / sigma; the claim
+    still judges the mechanisms at epsilon's own noise."""
+    from privalign.evaluation import private as P
+
+    res = study(hacked, "sharp", EvalSettings(replicates=10), n_grid=(1, 16, 256))
+    sm = res["summary"]
+    label = f"PrivBoN (Gumbel) eps=1{P.TUNED}"
+    assert set(sm["privbon_floor_by_n"]) == {"1", "16", "256"} and label not in sm["private"] and label in sm["verdicts"]
+    for r in (r for r in res["rows"] if r["method"] == label):
+        assert r["epsilon_spent"] == pytest.approx(2e-3 / max(2e-3, r["temperature"]), rel=1e-9)
+        assert r["temperature"] == sm["privbon_floor_by_n"][str(r["n"])]["temperature"]
+    # Delta_r = 1e-3: minimum-noise PrivBoN falls like BoN; a floor chosen on held-out prompts binds at n = 256
+    assert sm["privbon_floor_by_n"]["256"]["sigma"] > 2e-3 and sm["privbon_floor_by_n"]["256"]["epsilon_spent"] < 1

@@ -4,7 +4,7 @@ Pure functions (numpy/scipy only) plus one stateful object, ``PrivacyFilter``. E
 rounded toward the larger value: the accountant never under-reports.
 """
 
-from .calibration import paper_noise_split, privbon_noise_scale, privitp_noise_scales
+from .calibration import check_temperature, paper_noise_split, privbon_noise_scale, privitp_noise_scales
 from .events import PrivacyEvent, account, privbon_event, privitp_event, pure_event
 from .filter import (
     COMPOSITIONS,
@@ -49,7 +49,7 @@ from .zcdp import (
 
 __all__ = [
     "COMPOSITIONS", "BudgetExceededError", "BudgetOverrunError", "Privacy", "PrivacyFilter", "Reservation", "admits",
-    "charge_amount", "default_truncation", "gaussian_mechanism_epsilon",
+    "charge_amount", "check_temperature", "default_truncation", "gaussian_mechanism_epsilon",
     "gaussian_mechanism_noise_scale", "gaussian_rnm_epsilon", "gaussian_rnm_noise_scale",
     "gumbel_epsilon", "gumbel_noise_scale", "itp_lambda", "paper_noise_split",
     "privbon_noise_scale", "privitp_epsilon2", "privitp_epsilon_max", "privitp_noise_scales",

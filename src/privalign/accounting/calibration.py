@@ -1,7 +1,8 @@
 """Calibration: the noise that buys a target epsilon, for each mechanism.
 
 * ``privbon_noise_scale``: Gumbel sigma = 2 Delta_r / epsilon (Thm 3.1), or the Gaussian
-  report-noisy-max scale from eq. (26), which depends on n and R_max.
+  report-noisy-max scale from eq. (26), which depends on n and R_max; a ``temperature`` tau is a
+  noise floor, sigma = max(that scale, tau), and the epsilon spent is then computed from sigma.
 * ``privitp_noise_scales``: split a per-query worst-case budget epsilon_max between Phase 1
   (sigma_X, Gaussian mechanism at delta) and Phase 2 (sigma_Z), so that
   ``privitp_epsilon_max(...) <= epsilon_max``.
@@ -9,6 +10,8 @@
 """
 
 from __future__ import annotations
+
+import math
 
 from .._validation import check_count, check_max_rounds, check_positive
 from .gaussian import gaussian_mechanism_noise_scale, gaussian_rnm_noise_scale, gaussian_sampler_floor
@@ -18,20 +21,31 @@ from .privitp import default_truncation, privitp_epsilon_max
 
 
 def privbon_noise_scale(epsilon: float, sensitivity: float, *, noise: str = "gumbel",
-                        n: int | None = None, r_max: float | None = None) -> float:
-    """Noise scale for PrivBoN at pure ``epsilon`` (Gaussian noise also needs ``n`` and ``r_max``).
+                        n: int | None = None, r_max: float | None = None, temperature: float = 0.0) -> float:
+    """Noise scale for PrivBoN at pure ``epsilon`` (Gaussian noise also needs ``n`` and ``r_max``),
+    floored at ``temperature``: sigma = max(the scale that spends epsilon, tau). Above the floor the
+    query spends less than ``epsilon`` (Gumbel: 2 Delta_r / tau); recompute it from sigma.
 
     Gaussian noise is never calibrated below ``gaussian_sampler_floor(r_max)`` (R/sigma <= 24.45, the
     float sampler's support); where the floor binds, the achieved epsilon is below the target."""
+    tau = check_temperature(temperature)
     if noise == "gumbel":
-        return gumbel_noise_scale(epsilon, sensitivity)
+        return max(gumbel_noise_scale(epsilon, sensitivity), tau)
     if noise == "gaussian":
         if n is None or r_max is None:
             raise ValueError("noise='gaussian' needs n and r_max: its epsilon depends on both (App. E)")
         if n == 1:
-            return gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n)
-        return max(gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n), gaussian_sampler_floor(r_max))
+            return max(gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n), tau)
+        return max(gaussian_rnm_noise_scale(epsilon, sensitivity, r_max, n), gaussian_sampler_floor(r_max), tau)
     raise ValueError(f"noise must be 'gumbel' or 'gaussian', got {noise!r}")
+
+
+def check_temperature(temperature) -> float:
+    """A noise floor tau: a finite number >= 0 (0: no floor), in the units of the scores."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0 \
+            or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    return float(temperature)
 
 
 def paper_noise_split(sigma: float) -> tuple[float, float]:

@@ -2,7 +2,8 @@
 
 For a budget (epsilon_total, delta_total) and one mechanism repeated:
 
-* basic: floor(epsilon_total / epsilon) queries (PrivITP also floor(delta_total / delta));
+* basic: floor(epsilon_total / epsilon) queries (PrivITP also floor(delta_total / delta)); with a
+  noise floor tau, PrivBoN's queries are counted at the epsilon they spend, 2 Delta_r / sigma;
 * FSRC: the same for PrivBoN (its epsilon is fixed, there is no ex-post saving); for PrivITP at
   least the basic count, more when realised costs fall below the worst case (``evaluation``'s
   stream experiment measures it on a pool);
@@ -27,15 +28,19 @@ MECHANISMS = ("privbon", "privbon-gaussian", "privitp")
 
 
 def query_event(mechanism: str, epsilon: float, *, n: int = 16, sensitivity: float = 0.01, beta: float = 0.05,
-                delta: float = 1e-8, phase1_fraction: float = 0.5, max_rounds: int | None = None) -> PrivacyEvent:
+                delta: float = 1e-8, phase1_fraction: float = 0.5, max_rounds: int | None = None,
+                temperature: float = 0.0) -> PrivacyEvent:
     """The event of one query at ``epsilon`` per query (its worst case), on the [0, 1] scale with
     Delta_r = ``sensitivity``: Gumbel or Gaussian PrivBoN, or PrivITP calibrated to ``epsilon`` with
-    Phase 2 capped at T = min(``max_rounds``, n) rounds (None: T = n)."""
+    Phase 2 capped at T = min(``max_rounds``, n) rounds (None: T = n). PrivBoN's noise is floored at
+    ``temperature``: the event is then the epsilon the query spends, below ``epsilon``."""
     if mechanism == "privbon":
-        return privbon_event(privbon_noise_scale(epsilon, sensitivity), sensitivity)
+        return privbon_event(privbon_noise_scale(epsilon, sensitivity, temperature=temperature), sensitivity)
     if mechanism == "privbon-gaussian":
-        sigma = privbon_noise_scale(epsilon, sensitivity, noise="gaussian", n=n, r_max=1.0)
+        sigma = privbon_noise_scale(epsilon, sensitivity, noise="gaussian", n=n, r_max=1.0, temperature=temperature)
         return privbon_event(sigma, sensitivity, noise="gaussian", n=n, r_max=1.0)
+    if temperature:
+        raise ValueError(f"a noise floor (temperature) applies to privbon and privbon-gaussian, not {mechanism!r}")
     if mechanism == "privitp":
         T = None if max_rounds is None else min(max_rounds, n)
         sx, sz = privitp_noise_scales(epsilon, delta, n, beta, sensitivity, 1.0, phase1_fraction=phase1_fraction,

@@ -57,6 +57,10 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
              n: str = typer.Option("1,2,4,...,4096", help="candidate counts"),
              replicates: int = typer.Option(50),
              sigma: float = typer.Option(0.5, help="PrivBoN noise; PrivITP's total noise (sigma_X = sigma_Z = sigma/2)"),
+             epsilon: Optional[float] = typer.Option(None, help="calibrate every private method to this epsilon "
+                                                                "per query at each n (instead of --sigma)"),
+             temperature: float = typer.Option(0.0, help="PrivBoN's noise floor tau (units of the range): sigma = "
+                                                         "max(the noise, tau); summary.csv's epsilon_spent is its cost"),
              beta: float = typer.Option(0.05, help="ITP/PrivITP chi^2 regularisation"),
              sigma_x: Optional[float] = typer.Option(None, help="PrivITP Phase-1 noise (default sigma/2)"),
              sigma_z: Optional[float] = typer.Option(None, help="PrivITP Phase-2 noise (default sigma/2)"),
@@ -93,6 +97,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
     try:
         settings = EvalSettings(algorithms=tuple(a.strip() for a in algorithms.split(",") if a.strip()),
                                 n_grid=parse_int_list(n), replicates=replicates, sigma=sigma, beta=beta,
+                                epsilon=epsilon, temperature=temperature,
                                 sigma_x=sigma_x, sigma_z=sigma_z, truncation=truncation, delta=delta,
                                 max_rounds=max_rounds, reward=reward, normalisation=normalisation, reward_range=rr,
                                 replace=not without_replacement, estimator=estimator, seed=seed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +22,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
          queries: Optional[int] = typer.Option(None, help="queries to serve: what epsilon each?"),
          n: int = typer.Option(16, help="candidates per query"),
          sensitivity: Optional[float] = typer.Option(None, help="Delta_r / range (default: --pool's, or 0.01)"),
+         temperature: float = typer.Option(0.0, help="privbon: noise floor tau (units of the range); queries "
+                                                     "counted at the epsilon spent, 2 Delta_r / max(2 Delta_r / "
+                                                     "epsilon, tau)"),
          delta: float = typer.Option(1e-8, help="privitp: delta per query"),
          beta: float = typer.Option(0.05, help="privitp: beta"),
          max_rounds: Optional[int] = typer.Option(16, min=1, help="privitp: Phase 2 examines at most min(T, n) "
@@ -65,8 +69,11 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
         sensitivity = desc["sensitivity"] if sensitivity is None else sensitivity
     elif pairs is not None or pairs_per_person is not None:
         _fail("--pairs and --pairs-per-person need --pool (the reward model whose Delta_r they rescale)")
+    if temperature and (queries is not None or mechanism == "privitp"):
+        _fail("--temperature is PrivBoN's noise floor: give it with --epsilon and a privbon mechanism")
     kw = dict(n=n, sensitivity=0.01 if sensitivity is None else sensitivity, beta=beta, delta=delta,
-              max_rounds=max_rounds)
+              max_rounds=max_rounds, temperature=temperature)
+    base = base if base is None else replace(base, temperature=temperature)
     try:
         if epsilon is not None:
             counts = planner.plan_counts(epsilon_total, delta_total, planner.query_event(mechanism, epsilon, **kw))
@@ -77,7 +84,9 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
             counts = None
     except ValueError as e:
         _fail(str(e))
-    title = (f"{mechanism} at epsilon {epsilon:g} per query" if epsilon is not None
+    spent = planner.query_event(mechanism, epsilon, **kw).epsilon if temperature else epsilon
+    title = (f"{mechanism} at epsilon {epsilon:g} per query" + (f", spending {spent:.4g} (noise floor {temperature:g})"
+                                                                 if spent != epsilon else "") if epsilon is not None
              else f"{queries} {mechanism} queries") + f" within epsilon {epsilon_total:g}, delta {delta_total:g}"
     if model is None and target_share is not None:
         _fail("--target-share needs --model (the head whose release it sizes) and --pool")

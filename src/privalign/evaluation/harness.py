@@ -22,14 +22,23 @@ Metrics, per selection (the fallback counts as a fresh base-policy draw)
     hacking_gap   proxy - true of the chosen response (in the pool's raw units)
     halting_time  ITP/PrivITP: generations in the (second) phase, n + 1 for the fallback (PrivITP
                   capped at T = ``max_rounds``: T + 1)
-    epsilon       privacy spent per query (PrivITP: mean realised ex-post epsilon)
+    epsilon       privacy spent per query (PrivITP: mean realised ex-post epsilon); the summary
+                  repeats it as ``epsilon_spent`` beside ``sigma``, the noise used at that n
     fallback      ITP/PrivITP: the probability that no candidate is accepted (a fresh draw answers)
+
+Noise
+    ``sigma`` (PrivBoN's noise, PrivITP's total split in halves), or with ``epsilon`` set, every
+    private method calibrated at each n to spend at most ``epsilon`` per query (Gaussian PrivBoN and
+    PrivITP re-calibrated per n: their worst case grows with n; PrivITP splits it in halves between
+    its phases). ``temperature`` tau is PrivBoN's noise floor (Gumbel and Gaussian): sigma =
+    max(that noise, tau), and the query spends what sigma costs, 2 Delta_r / sigma for Gumbel.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -66,6 +75,8 @@ class EvalSettings:
     estimator: str = "exact"
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    epsilon: float | None = None      # calibrate every private method to this epsilon per query at each n
+    temperature: float = 0.0          # PrivBoN's noise floor tau, in units of the range (0: none)
     # Execution only: results are identical for every choice (each prompt has its own generator).
     workers: int | None = 1           # local processes; None: every usable core
     executor: str = "local"           # "local" (process pool) or "dask" (a running Dask cluster)
@@ -82,6 +93,9 @@ class EvalSettings:
         for name in ("sigma", "beta", "delta"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.epsilon is not None and not (self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"epsilon must be a positive number (or None: use sigma), got {self.epsilon!r}")
+        A.check_temperature(self.temperature)
         if not self.delta < 1:
             raise ValueError(f"delta must lie in (0, 1), got {self.delta!r}")
         if self.max_rounds is not None and (isinstance(self.max_rounds, bool) or int(self.max_rounds) != self.max_rounds
@@ -99,6 +113,23 @@ class EvalSettings:
             raise ValueError(f"executor must be one of {EXECUTORS}, got {self.executor!r}")
         if self.executor == "dask" and not self.scheduler:
             raise ValueError("the dask executor needs a scheduler address (e.g. tcp://host:8786)")
+        return self
+
+    def at(self, algo: str, n: int) -> "EvalSettings":
+        """The settings ``algo`` runs under at n candidates: PrivBoN's sigma floored at ``temperature``,
+        and with ``epsilon`` set, every private method's noise calibrated to it at n."""
+        sens = 1.0 if self.sensitivity is None else self.sensitivity
+        if algo in ("privbon", "privbon-gaussian"):
+            noise = "gumbel" if algo == "privbon" else "gaussian"
+            if self.epsilon is None:
+                return replace(self, sigma=max(self.sigma, self.temperature))
+            if noise == "gaussian" and n == 1:  # one candidate: no noise is needed and none spends anything
+                return replace(self, sigma=max(1.0, self.temperature))
+            return replace(self, sigma=A.privbon_noise_scale(self.epsilon, sens, noise=noise, n=int(n), r_max=1.0,
+                                                             temperature=self.temperature))
+        if algo == "privitp" and self.epsilon is not None:
+            sx, sz = _privitp_scales(float(self.epsilon), self.delta, self.rounds(n), float(self.beta), sens)
+            return replace(self, sigma=sx + sz, sigma_x=sx, sigma_z=sz)
         return self
 
     def rounds(self, n: int) -> int:
@@ -120,6 +151,11 @@ class EvalSettings:
             d.pop(name)
         d.update(sigma_x=self.sx, sigma_z=self.sz)
         return d
+
+
+@functools.lru_cache(maxsize=1024)
+def _privitp_scales(eps: float, delta: float, rounds: int, beta: float, sens: float) -> tuple[float, float]:
+    return A.privitp_noise_scales(eps, delta, rounds, beta, sens, 1.0)
 
 
 @dataclass
@@ -366,8 +402,17 @@ class EvalResult:
                 row["lift_rel"] = row["lift"] / base_mean if base_mean > 0 else math.nan
                 row["lift_rel_se"] = row["lift_se"] / base_mean if base_mean > 0 else math.nan
                 row["base_accuracy"] = base_mean
+                row["epsilon_spent"] = row["epsilon"]
+                row["sigma"] = _noise_used(self.settings.at(algo, n), algo)
                 rows.append(row)
         return rows
+
+
+def _noise_used(s: EvalSettings, algo: str) -> float:
+    """The noise an algorithm ran with: PrivBoN's sigma, PrivITP's sigma_X + sigma_Z, 0 for BoN and ITP."""
+    if algo in ("privbon", "privbon-gaussian"):
+        return float(s.sigma)
+    return float(s.sx + s.sz) if algo == "privitp" else 0.0
 
 
 def prompt_generator(seed: int, k: int) -> np.random.Generator:
@@ -389,9 +434,10 @@ def evaluate_prompts(prep: PreparedPool, s: EvalSettings, lo: int, hi: int) -> t
             if algo == "bon" and s.estimator == "exact":
                 out[a, :, i] = _bon_exact(x, vals, s)
                 continue
-            pending = []
+            # PrivITP's E[epsilon_2] for the whole n grid in one call, unless sigma_Z changes with n
+            pending = [] if s.epsilon is None else None
             for j, n in enumerate(s.n_grid):
-                out[a, j, i] = _per_prompt(prep, x, vals, base[i], algo, int(n), s, rng, pending, lam_start)
+                out[a, j, i] = _per_prompt(prep, x, vals, base[i], algo, int(n), s.at(algo, n), rng, pending, lam_start)
             if pending:  # PrivITP: E[epsilon_2] for the whole n grid at once
                 for j, eps2 in enumerate(_privitp_epsilon2(prep, s, pending)):
                     out[a, j, i, METRICS.index("epsilon")] += eps2.mean()

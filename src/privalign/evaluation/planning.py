@@ -51,7 +51,7 @@ def accuracy_at(pool: Pool, base: EvalSettings, mechanism: str, epsilon: float |
         return None
     grouped = pool.grouped(base.reward)
     try:
-        s = calibrate(base, mechanism, epsilon, n, base.beta, phase1_fraction)
+        s = calibrate(base, mechanism, epsilon, n, base.beta, phase1_fraction, temperature=base.temperature)
     except ValueError:
         return None
     return _accuracy(grouped, s)[0]

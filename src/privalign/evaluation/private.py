@@ -12,6 +12,10 @@ its worst-case epsilon per query.
 * ``privacy_utility``: accuracy at one n against epsilon per query.
 * ``stream``: streams of PrivITP and Gumbel PrivBoN queries under one total budget, basic versus FSRC
   versus zCDP composition.
+* ``tune_temperature``: PrivBoN's noise floor tau per n, chosen on held-out prompts: sigma =
+  max(2 Delta_r / epsilon, tau) spends 2 Delta_r / sigma <= epsilon, and past the minimum noise it
+  counters reward hacking (issue 51). ``curves`` measures it on the test prompts beside the
+  minimum-noise PrivBoN, with the epsilon it spends.
 
 Scores are in units of the declared reward range (mapped to [0, 1]); ``sensitivity`` is the
 certified Delta_r in those units.
@@ -35,6 +39,9 @@ PRIVATE = ("privbon", "privbon-gaussian", "privitp")
 LABELS = {"bon": "BoN", "itp": "ITP", "privbon": "PrivBoN (Gumbel)", "privbon-gaussian": "PrivBoN (Gaussian)",
           "privitp": "PrivITP"}
 PHASE1_FRACTIONS = (0.25, 0.5, 0.75)
+# PrivBoN's noise floors tried on the held-out prompts, in units of the range (0: the minimum noise)
+TEMPERATURE_GRID = (0.0, 0.003, 0.005, 0.007, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
+TUNED = ", tau tuned"  # the label's suffix for PrivBoN at its tuned noise floor
 
 
 def sensitivity_of(s: EvalSettings) -> float:
@@ -49,15 +56,16 @@ def _privitp_scales(eps: float, delta: float, rounds: int, beta: float, sens: fl
 
 
 def calibrate(base: EvalSettings, algo: str, epsilon: float, n: int, beta: float | None = None,
-              phase1_fraction: float = 0.5) -> EvalSettings:
-    """Settings that run ``algo`` at ``epsilon`` per query (its worst case) with n candidates."""
+              phase1_fraction: float = 0.5, temperature: float = 0.0) -> EvalSettings:
+    """Settings that run ``algo`` at ``epsilon`` per query (its worst case) with n candidates;
+    PrivBoN's noise floored at ``temperature`` (it then spends less than ``epsilon``)."""
     sens = sensitivity_of(base)
     s = replace(base, algorithms=(algo,), n_grid=(int(n),))
     if algo == "privbon":
-        return replace(s, sigma=A.gumbel_noise_scale(epsilon, sens))
+        return replace(s, sigma=A.privbon_noise_scale(epsilon, sens, temperature=temperature))
     if algo == "privbon-gaussian":
         sigma = A.privbon_noise_scale(epsilon, sens, noise="gaussian", n=int(n), r_max=1.0) if n > 1 else 1.0
-        return replace(s, sigma=max(sigma, 1e-300))
+        return replace(s, sigma=max(sigma, 1e-300, temperature))
     if algo == "privitp":
         b = base.beta if beta is None else beta
         sx, sz = _privitp_scales(float(epsilon), base.delta, s.rounds(n), float(b), sens, float(phase1_fraction))
@@ -136,6 +144,39 @@ def tune(held: GroupedPool, base: EvalSettings, targets, n_ref: int = 16, beta_g
     return chosen, rows
 
 
+def tune_temperature(held: GroupedPool, base: EvalSettings, epsilon: float, n_grid,
+                     grid=TEMPERATURE_GRID) -> tuple[dict, list[dict]]:
+    """Gumbel PrivBoN's noise floor per n: for each n the tau in ``grid`` with the best accuracy on the
+    held-out prompts at ``epsilon`` per query (sigma = max(2 Delta_r / epsilon, tau); a tie goes to the
+    larger sigma, which spends less). Returns ({n: {temperature, sigma, epsilon_spent,
+    heldout_accuracy, edge}}, rows). Sound where the scores are a fixed column (a reward model whose
+    training data the held-out prompts do not see): the choice reads the held-out prompts only. A
+    certified head's tau is chosen on its public validation data, else the choice must be charged."""
+    rows = []
+    for tau in grid:
+        s = replace(base, algorithms=("privbon",), n_grid=tuple(int(n) for n in n_grid), epsilon=float(epsilon),
+                    temperature=float(tau))
+        for r in evaluate(held, s).summary_rows():
+            rows.append({"target_epsilon": epsilon, "algorithm": "privbon", "temperature": tau, "n": r["n"],
+                         "sigma": r["sigma"], "epsilon_spent": r["epsilon_spent"], "heldout_accuracy": r["accuracy"]})
+    chosen = {}
+    for n in n_grid:
+        best = max((r for r in rows if r["n"] == n), key=lambda r: (r["heldout_accuracy"], r["sigma"]))
+        chosen[int(n)] = {"temperature": best["temperature"], "sigma": best["sigma"],
+                          "epsilon_spent": best["epsilon_spent"], "heldout_accuracy": best["heldout_accuracy"],
+                          "edge": best["temperature"] == max(grid)}
+    return chosen, rows
+
+
+def tune_temperatures(held: GroupedPool, base: EvalSettings, targets, n_grid) -> tuple[dict, list[dict]]:
+    """``tune_temperature`` for each target epsilon: ({epsilon: {n: choice}}, every row tried)."""
+    floors, rows = {}, []
+    for eps in targets:
+        floors[eps], r = tune_temperature(held, base, eps, n_grid)
+        rows += r
+    return floors, rows
+
+
 def bootstrap_ci(values: np.ndarray, reps: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean over prompts."""
     v = np.asarray(values, float)
@@ -161,6 +202,8 @@ def _row(label, algo, eps, n, per, base_acc, s, seed):
             "accuracy_lo": lo, "accuracy_hi": hi, "lift": float(lift.mean()), "lift_lo": llo, "lift_hi": lhi,
             "base_accuracy": float(base_acc.mean()), "prompts": int(per.size),
             "worst_case_epsilon": worst_case_epsilon(s, algo, n) if algo in PRIVATE else math.inf,
+            # PrivBoN spends its worst case exactly: 2 Delta_r / sigma (Gumbel), below the target past a floor
+            "epsilon_spent": worst_case_epsilon(s, algo, n) if algo in ("privbon", "privbon-gaussian") else None,
             "sigma": s.sigma if algo in ("privbon", "privbon-gaussian") else (s.sx + s.sz if algo == "privitp" else 0.0),
             "beta": s.beta if algo in ("itp", "privitp") else None}
 
@@ -176,8 +219,9 @@ def method_settings(base: EvalSettings, algo: str, eps: float | None, n: int, ch
     return calibrate(base, algo, eps, n)
 
 
-def curves(test: GroupedPool, base: EvalSettings, chosen: dict, targets, n_grid) -> list[dict]:
-    """Accuracy and lift versus n on the evaluation prompts, with 95% bootstrap intervals."""
+def curves(test: GroupedPool, base: EvalSettings, chosen: dict, targets, n_grid, floors: dict | None = None) -> list[dict]:
+    """Accuracy and lift versus n on the evaluation prompts, with 95% bootstrap intervals; with
+    ``floors`` ({epsilon: tune_temperature's choice}), Gumbel PrivBoN at its tuned noise floor too."""
     rows = []
     for n in n_grid:
         rows += _baselines(test, base, chosen, n)
@@ -186,6 +230,11 @@ def curves(test: GroupedPool, base: EvalSettings, chosen: dict, targets, n_grid)
                 if algo in chosen.get(eps, {}):
                     rows.append(_measure(test, f"{LABELS[algo]} eps={eps:g}", algo, eps, n,
                                          method_settings(base, algo, eps, n, chosen)))
+            c = (floors or {}).get(eps, {}).get(int(n))
+            if c is not None:
+                s = calibrate(base, "privbon", eps, n, temperature=c["temperature"])
+                rows.append({**_measure(test, f"{LABELS['privbon']} eps={eps:g}{TUNED}", "privbon", eps, n, s),
+                             "temperature": c["temperature"]})
     return rows
 
 
@@ -196,8 +245,10 @@ def _baselines(test: GroupedPool, base: EvalSettings, chosen: dict, n: int) -> l
 
 
 def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilons, n: int = 16,
-                    tuned_at: float = 1.0) -> list[dict]:
-    """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``."""
+                    tuned_at: float = 1.0, held: GroupedPool | None = None) -> list[dict]:
+    """Accuracy at n against epsilon per query; PrivITP keeps the (beta, fraction) tuned at ``tuned_at``.
+    With ``held``, Gumbel PrivBoN also at its noise floor, tau chosen on ``held`` at each epsilon: its
+    accuracy plateaus above epsilon*, where it spends epsilon* = 2 Delta_r / tau whatever the target."""
     rows = _baselines(test, base, chosen, n)
     c = chosen.get(tuned_at, {}).get("privitp")
     for eps in epsilons:
@@ -212,6 +263,10 @@ def privacy_utility(test: GroupedPool, base: EvalSettings, chosen: dict, epsilon
             except ValueError:
                 continue
             rows.append(_measure(test, LABELS[algo], algo, eps, n, s))
+    for eps in epsilons if held is not None else ():
+        tau = tune_temperature(held, base, eps, (n,))[0][int(n)]["temperature"]
+        rows.append({**_measure(test, f"{LABELS['privbon']}{TUNED}", "privbon", eps, n,
+                                calibrate(base, "privbon", eps, n, temperature=tau)), "temperature": tau})
     return rows
 
 

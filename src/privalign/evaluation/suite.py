@@ -72,6 +72,8 @@ class Reproduction:
     stream_summary: list
     headline: dict
     study: dict | None
+    floors: dict | None = None       # {target epsilon: {n: PrivBoN's noise floor chosen on held-out prompts}}
+    floor_rows: list | None = None   # every (tau, n) tried on the held-out prompts
 
 
 def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0, 4.0), n_ref: int = 16,
@@ -86,7 +88,8 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
        the best setting whose worst-case epsilon does not exceed it (``private.tune``).
     2. Accuracy versus n on the test prompts, every private method re-calibrated at each n to its
        target, with 95% bootstrap intervals over prompts.
-    3. The privacy-utility curve at n = ``n_ref``; 4. ITP versus PrivITP across noise, with PrivITP's
+    3. The privacy-utility curve at n = ``n_ref`` (Gumbel PrivBoN also at its noise floor, tau
+       chosen on the held-out prompts at each epsilon); 4. ITP versus PrivITP across noise, with PrivITP's
        sigma also chosen for accuracy alone on the held-out prompts (the paper's protocol), its
        epsilon reported; 5. streams of PrivITP and Gumbel PrivBoN queries under one budget: basic,
        FSRC and zCDP; 6. with ``release`` (a certified head whose features the pool carries), the
@@ -104,10 +107,11 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
     held_idx, test_idx = X.split_prompts(grouped.n_prompts, 0.5, s.seed)
     held, test = grouped.subset(held_idx), grouped.subset(test_idx)
     chosen, tune_rows = P.tune(held, s, targets, n_ref, beta_grid)
+    floors, floor_rows = P.tune_temperatures(held, s, targets, n_grid)  # PrivBoN's noise floor per n (issue 51)
     tick("tuning under privacy constraints")
-    curve_rows = P.curves(test, s, chosen, targets, n_grid)
+    curve_rows = P.curves(test, s, chosen, targets, n_grid, floors)
     tick("curves")
-    utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0])
+    utility_rows = P.privacy_utility(test, s, chosen, epsilons, n_ref, tuned_at=targets[0], held=held)
     tick("privacy-utility")
     s_paper = replace(s, beta=chosen["itp"]["beta"])
     abl_sigma = X.ablation(grouped, s_paper, "privitp", "sigma", sigma_grid, n_ref=n_ref)
@@ -118,6 +122,7 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
     tick("FSRC stream")
     headline = headline_numbers(curve_rows, utility_rows, sweep, abl_sigma, stream_summary, chosen, targets, n_ref)
     headline["auc"] = test_auc(pool, s.reward, grouped.prompt_ids[test_idx])
+    headline["noise_floor"] = floor_headline(curve_rows, targets)
     tick("headline")
     study = None
     if release is not None:
@@ -128,7 +133,30 @@ def reproduce(pool: Pool, settings: EvalSettings | None = None, *, targets=(1.0,
         headline["release"] = release_headline(study)
         tick("released head")
     return Reproduction(s, grouped.n_prompts, n_grid, len(held_idx), len(test_idx), chosen, tune_rows, curve_rows,
-                        utility_rows, abl_sigma, sweep, stream_rows, stream_summary, headline, study)
+                        utility_rows, abl_sigma, sweep, stream_rows, stream_summary, headline, study, floors, floor_rows)
+
+
+def floor_headline(curve_rows, targets) -> dict:
+    """Per target epsilon and n, on the test prompts: Gumbel PrivBoN at the minimum noise and at the
+    noise floor tau chosen on the held-out prompts, the epsilon each spends, and BoN."""
+    from .private import LABELS, TUNED
+
+    out = {}
+    for eps in targets:
+        at = {}
+        for r in curve_rows:
+            if r["method"] == f"{LABELS['privbon']} eps={eps:g}{TUNED}":
+                plain, bon = _at(curve_rows, f"{LABELS['privbon']} eps={eps:g}", r["n"]), _at(curve_rows, "BoN", r["n"])
+                binds = bool(plain and r["sigma"] > plain["sigma"])
+                at[str(r["n"])] = {"temperature": r["temperature"], "sigma": r["sigma"],
+                                   "epsilon_spent": r["epsilon_spent"], "accuracy": r["accuracy"],
+                                   "minimum_noise_accuracy": plain and plain["accuracy"],
+                                   "bon_accuracy": bon and bon["accuracy"], "binds": binds,
+                                   # privacy is free above epsilon* = 2 Delta_r / tau, where the floor binds;
+                                   # where it does not, epsilon* lies above the target
+                                   "epsilon_star": r["epsilon_spent"] if binds else None}
+        out[f"{eps:g}"] = at
+    return out
 
 
 def release_headline(study: dict) -> dict:

@@ -15,7 +15,7 @@ from .._validation import (
     check_sensitivity,
     prepare_rewards,
 )
-from ..accounting.calibration import privbon_noise_scale
+from ..accounting.calibration import check_temperature, privbon_noise_scale
 from ..accounting.gaussian import check_gaussian_sampler_support, gaussian_rnm_epsilon
 from ..accounting.gumbel import gumbel_epsilon, gumbel_noise_scale
 from .selection import Selection
@@ -49,7 +49,7 @@ def soft_bon(rewards, *, temperature: float = 0.0, rng: np.random.Generator | No
 
 def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None = None,
             sensitivity: float | None = None, reward_range=(0.0, 1.0), noise: str = "gumbel",
-            rng: np.random.Generator | None = None) -> Selection:
+            temperature: float = 0.0, rng: np.random.Generator | None = None) -> Selection:
     """Private Best-of-N: argmax_i r_i + g_i over scores clipped to ``reward_range``.
 
     * ``noise="gumbel"``: g_i ~ Gumbel(0, sigma); i is drawn with probability softmax(r / sigma)
@@ -67,6 +67,13 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
 
     Give exactly one of ``epsilon`` and ``noise_scale``. ``sensitivity=None`` uses the width of
     ``reward_range`` (always valid).
+
+    ``temperature`` tau (in the units of the scores, default 0: none) is a noise floor: the noise is
+    sigma = max(the scale from ``epsilon`` or ``noise_scale``, tau). Gumbel-max at scale sigma is soft
+    BoN at temperature sigma; past the minimum noise it regularises against reward hacking and
+    spends less than ``epsilon``. The selection's ``epsilon`` is always the one spent, computed from
+    the sigma used (Gumbel and exact: 2 Delta_r / sigma). tau must not be chosen by reading the
+    private data behind the scores (docs/experiments.md, "PrivBoN's noise floor").
     """
     r, r_max, n_clipped = prepare_rewards(rewards, reward_range)
     delta_r = check_sensitivity(sensitivity, r_max)
@@ -76,10 +83,8 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
         raise ValueError("give exactly one of epsilon and noise_scale, got "
                          f"epsilon={epsilon!r}, noise_scale={noise_scale!r}")
     n = r.size
+    sigma = _noise(noise, epsilon, noise_scale, check_temperature(temperature), delta_r, n, r_max)
     if noise == "gumbel":
-        if noise_scale is None:
-            noise_scale = gumbel_noise_scale(epsilon, delta_r)
-        sigma = check_positive("noise_scale", noise_scale)
         eps = gumbel_epsilon(sigma, delta_r)
         # argmax_i r_i/sigma + G_i with Gumbel G_i = -log E_i, E_i ~ Exp(1)
         gen = as_generator(rng)
@@ -89,20 +94,24 @@ def privbon(rewards, *, epsilon: float | None = None, noise_scale: float | None 
         gumbel = np.log(e)
         index = int(np.argmax(np.subtract(r * (1.0 / sigma), gumbel, out=gumbel)))
     elif noise == "exact":
-        if noise_scale is None:
-            noise_scale = gumbel_noise_scale(epsilon, delta_r)  # the same calibration: 2 Delta_r / epsilon
-        sigma = check_positive("noise_scale", noise_scale)
         index, eps = exact_noisy_max(r, sigma, delta_r)
     else:
-        if noise_scale is None:
-            noise_scale = privbon_noise_scale(epsilon, delta_r, noise="gaussian", n=n, r_max=r_max)
-        sigma = check_positive("noise_scale", noise_scale)
         if n > 1:
             check_gaussian_sampler_support(sigma, r_max)
         eps = gaussian_rnm_epsilon(sigma, delta_r, r_max, n)
         index = int(np.argmax(r + sigma * as_generator(rng).standard_normal(n)))
     return Selection(index=index, mechanism=f"privbon-{noise}", epsilon=eps, n=n,
                      noise_scale=sigma, n_clipped=n_clipped)
+
+
+def _noise(noise: str, epsilon, noise_scale, tau: float, delta_r: float, n: int, r_max: float) -> float:
+    """PrivBoN's sigma: the given ``noise_scale`` or the one calibrated to ``epsilon`` (Gumbel and
+    exact: 2 Delta_r / epsilon; Gaussian: App. E), floored at the temperature tau."""
+    if noise_scale is not None:
+        return max(check_positive("noise_scale", noise_scale), tau)
+    if noise == "gaussian":
+        return privbon_noise_scale(epsilon, delta_r, noise="gaussian", n=n, r_max=r_max, temperature=tau)
+    return max(gumbel_noise_scale(epsilon, delta_r), tau)
 
 
 def exact_noisy_max(scores: np.ndarray, scale: float, sensitivity: float) -> tuple[int, float]:

@@ -83,7 +83,8 @@ def _style(row) -> dict:
     eps = row.get("target_epsilon")
     dashed = eps not in (None, "", float("inf")) and isinstance(eps, (int, float)) and eps > 1.0
     capped = row["algorithm"] == "privitp" and row.get("max_rounds") not in (None, "")
-    tuned = str(row.get("method", "")).startswith("ITP (beta tuned")  # large-n: ITP at its own beta per n
+    # large-n: ITP at its own beta per n; reproduce: PrivBoN at its own noise floor per n
+    tuned = str(row.get("method", "")).startswith("ITP (beta tuned") or "tau tuned" in str(row.get("method", ""))
     return {"color": CAPPED_COLOR if capped else COLORS.get(row["algorithm"]),
             "ls": "--" if dashed else "-." if tuned else "-"}
 
@@ -118,12 +119,15 @@ def privacy_utility(rows: list[dict], out: Path, name: str = "privacy_utility", 
                     note: str = "") -> list[str]:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for algo in ("privbon", "privbon-gaussian", "privitp"):
-        rs = sorted((r for r in rows if r["algorithm"] == algo), key=lambda r: r["target_epsilon"])
+    for algo, floor in (("privbon", False), ("privbon", True), ("privbon-gaussian", False), ("privitp", False)):
+        # PrivBoN at its tuned noise floor ("tau tuned"): a plateau above epsilon*, dash-dotted
+        rs = sorted((r for r in rows if r["algorithm"] == algo and ("tau tuned" in str(r.get("method", ""))) == floor),
+                    key=lambda r: r["target_epsilon"])
         if not rs:
             continue
         e = np.array([r["target_epsilon"] for r in rs], float)
-        ax.plot(e, [r["accuracy"] for r in rs], marker="o", ms=3, color=COLORS[algo], label=LABELS[algo])
+        ax.plot(e, [r["accuracy"] for r in rs], marker="o", ms=3, color=COLORS[algo], ls="-." if floor else "-",
+                label=LABELS[algo] + (", noise floor tuned" if floor else ""))
         ax.fill_between(e, [r["accuracy_lo"] for r in rs], [r["accuracy_hi"] for r in rs], color=COLORS[algo],
                         alpha=0.12, lw=0)
     for algo, ls in (("bon", "--"), ("itp", "-.")):

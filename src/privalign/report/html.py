@@ -159,10 +159,27 @@ def headline_sentences(h: dict, num=None, verdict=None, name=str) -> list[str]:
                    f"queries under zCDP against {num(z['basic_queries'])} under basic composition "
                    f"({num(z['ratio'])}x), at accuracy {num(z['zcdp_accuracy'])} over the stream: "
                    f"{verdict(z['met'])}.")
+    fl = (h.get("noise_floor") or {}).get(f"{eps:g}")
+    if fl:
+        out.append(_floor_sentence(fl, eps, num))
     rel = h.get("release")
     if rel and rel.get("at"):
         out.append(_release_sentence(rel, num, verdict, name))
     return out
+
+
+def _floor_sentence(fl: dict, eps: float, num) -> str:
+    """Gumbel PrivBoN's noise floor at the largest n: the tau the held-out prompts chose, what it
+    spends, and where privacy is free (epsilon*)."""
+    n = max(fl, key=int)
+    r = fl[n]
+    head = (f"Gumbel PrivBoN's noise floor, chosen per n on the held-out prompts: at n = {n}, tau = "
+            f"{num(r['temperature'])} (sigma {num(r['sigma'])}) spends {num(r['epsilon_spent'])} of epsilon = "
+            f"{num(eps)} per query and reaches {num(r['accuracy'])}, against {num(r['minimum_noise_accuracy'])} at the "
+            f"minimum noise and BoN's {num(r['bon_accuracy'])}; ")
+    if r["binds"]:
+        return head + f"privacy is free above epsilon* = {num(r['epsilon_star'])} per query (more noise selects better)."
+    return head + f"the floor does not bind: epsilon* lies above {num(eps)} (more noise than privacy needs selects no better here)."
 
 
 def _release_sentence(rel: dict, num, verdict, name) -> str:
@@ -472,4 +489,9 @@ def _study_section(d: Path, sm: dict) -> list[str]:
                  + ", ".join(f"n = {k}: T = {c['max_rounds']}, beta {sig3(c['beta'])}, split "
                              f"{sig3(c['phase1_fraction'])}, fallback {sig3(c.get('test_fallback'))}"
                              for k, c in sm["capped_by_n"].items()) + ".</p>")
+    if sm.get("privbon_floor_by_n"):
+        p.append("<p>Gumbel PrivBoN's noise floor tau, chosen on held-out prompts at each n, and the epsilon per "
+                 "query it spends: " + ", ".join(f"n = {k}: tau {sig3(c['temperature'])}, epsilon "
+                                                 f"{sig3(c['epsilon_spent'])}"
+                                                 for k, c in sm["privbon_floor_by_n"].items()) + ".</p>")
     return p

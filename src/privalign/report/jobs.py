@@ -19,7 +19,7 @@ from ..evaluation import experiments as X
 from ..evaluation import suite
 from ..evaluation.harness import METRICS, EvalResult, EvalSettings
 from ..evaluation.parallel import evaluate
-from ..evaluation.private import PHASE1_FRACTIONS
+from ..evaluation.private import PHASE1_FRACTIONS, TEMPERATURE_GRID
 from ..evaluation.reward_info import declared_reward
 from ..evaluation.suite import REPRODUCE_N, UTILITY_EPSILONS, Progress, Reproduction
 from ..pools import Pool
@@ -111,9 +111,10 @@ def run_reproduce(out: str | Path, pool: Pool | None = None, pool_path=None, *, 
             "job": "reproduce", "evaluation": _untuned(r.settings), "targets": list(targets), "n_ref": n_ref,
             "n_grid": list(r.n_grid), "heldout_prompts": r.held_prompts, "test_prompts": r.test_prompts,
             "chosen": {str(k): v for k, v in r.chosen.items()},
-            "grids": {"beta": list(beta_grid), "sigma": list(sigma_grid),
+            "grids": {"beta": list(beta_grid), "sigma": list(sigma_grid), "temperature": list(TEMPERATURE_GRID),
                       "phase1_fraction": list(PHASE1_FRACTIONS)},
             "privitp_sigma_for_accuracy": r.abl_sigma["chosen"],
+            "noise_floor": {f"{k:g}": {str(n): c for n, c in v.items()} for k, v in (r.floors or {}).items()},
             "stream": {"epsilon_total": stream_total, "delta_total": stream_delta_total, "seeds": stream_seeds,
                        "n": n_ref}}))
         render(tmp)
@@ -125,6 +126,8 @@ def _write_reproduce_tables(tmp: Path, r: Reproduction) -> None:
     write_csv(tmp / "summary.csv", r.curve_rows)
     write_json(tmp / "summary.json", r.curve_rows)
     write_csv(tmp / "tuning.csv", r.tune_rows)
+    if r.floor_rows:
+        write_csv(tmp / "noise_floor.csv", r.floor_rows)
     write_csv(tmp / "privacy_utility.csv", r.utility_rows)
     write_csv(tmp / "ablation_sigma_privitp.csv", r.abl_sigma["rows"])
     write_csv(tmp / "noise_sweep.csv", r.sweep)

@@ -24,7 +24,8 @@ from .._paths import check_output_dir, write_manifest
 SUMMARY_COLUMNS = ("algorithm", "n", "accuracy", "accuracy_se", "lift", "lift_se", "lift_rel", "lift_rel_se",
                    "proxy_reward", "proxy_reward_se", "win_rate", "win_rate_se", "true_win_rate",
                    "true_win_rate_se", "hacking_gap", "hacking_gap_se", "halting_time", "halting_time_se",
-                   "fallback", "fallback_se", "epsilon", "epsilon_se", "base_accuracy", "prompts")
+                   "fallback", "fallback_se", "epsilon", "epsilon_se", "epsilon_spent", "sigma", "base_accuracy",
+                   "prompts")
 
 
 def _clean(v):

@@ -146,7 +146,9 @@ def response_body(request_id, o, chosen, sel, generated, usage, token_lp, charge
     return {"text": chosen.text, "finish_reason": chosen.finish_reason or "stop", "usage": usage,
             "logprobs": token_lp, "privalign": {
         "request_id": request_id, "mechanism": o["mechanism"], "n": o["n"],
-        **({"max_rounds": o["max_rounds"]} if "max_rounds" in o else {}), "candidates_generated": generated,
+        **({"max_rounds": o["max_rounds"]} if "max_rounds" in o else {}),
+        **({"noise_scale": o["noise_scale"], "temperature": o["temperature"]} if o["mechanism"] == "privbon" else {}),
+        "candidates_generated": generated,
         "halting_time": sel.halting_time, "fallback": sel.fallback, "epsilon_charged": shown(charged),
         "delta_charged": shown(0.0 if state.zcdp else o["delta"]), "epsilon_max": shown(o["epsilon_max"]),
         "rho": None if o["event"].rho is None else shown(o["event"].rho),

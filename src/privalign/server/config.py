@@ -156,8 +156,12 @@ class RewardConfig(_Section):
 class MechanismConfig(_Section):
     # released-bon: (soft) BoN on a head released once under DP (``rm release``): 0 per query
     name: Literal["privbon", "privitp", "released-bon"] = "privbon"
-    # released-bon's soft-BoN temperature (0: BoN); a guard against reward hacking, not a privacy parameter
+    # released-bon's soft-BoN temperature (0: BoN), and privbon's noise floor: sigma = max(2 Delta_r /
+    # epsilon, temperature), in score units, charged the epsilon it spends, 2 Delta_r / sigma (the same
+    # thing: Gumbel-max at scale sigma is soft BoN at temperature sigma). Choose it without reading D.
     temperature: float = Field(0.0, ge=0)
+    # the largest privalign.temperature a request may ask (default: any)
+    temperature_max: float | None = Field(None, ge=0)
     # privbon's sampler: "gumbel" (softmax law, fast) or "exact" (OpenDP's exact report-noisy-max,
     # permute-and-flip law, no floating-point noise; the same epsilon = 2 Delta_r / sigma)
     privbon_noise: Literal["gumbel", "exact"] = "gumbel"
@@ -181,6 +185,8 @@ class MechanismConfig(_Section):
     def _rounds_bound(self):
         if self.max_rounds_max is not None and self.max_rounds_max < self.max_rounds:
             raise ValueError(f"max_rounds_max must be >= max_rounds={self.max_rounds}, got {self.max_rounds_max!r}")
+        if self.temperature_max is not None and self.temperature > self.temperature_max:
+            raise ValueError(f"temperature must be <= temperature_max={self.temperature_max}, got {self.temperature!r}")
         return self
 
 

@@ -17,7 +17,7 @@ from .config import ServiceConfig
 from .errors import ApiError
 
 PRIVALIGN_OPTIONS = frozenset({"mechanism", "n", "epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "budget",
-                               "delta", "max_rounds"})
+                               "delta", "max_rounds", "temperature"})
 POSITIVE = ("epsilon", "noise_scale", "beta", "sigma_x", "sigma_z", "delta")
 
 
@@ -124,6 +124,7 @@ class RequestRules:
             o["max_rounds"] = self._max_rounds(ext.get("max_rounds"), n)
         elif "max_rounds" in ext:
             raise ApiError(400, "invalid_request", f"privalign.max_rounds applies to privitp only, not {mech!r}")
+        o["temperature"] = self._temperature(ext.get("temperature"), mech)
         if mech == "privbon" and "epsilon" in ext and "noise_scale" in ext:
             raise ApiError(400, "invalid_request", "give privalign.epsilon or privalign.noise_scale, not both")
         if mech == "released-bon":
@@ -138,8 +139,7 @@ class RequestRules:
         its Gumbel (or Gaussian) noise; PrivITP's reserved on the 2^-20 grid of its ex-post charge."""
         d = self.cfg.mechanism
         if o["mechanism"] == "released-bon":
-            o["temperature"] = d.temperature
-            o["event"] = A.PrivacyEvent("released-bon", 0.0, 0.0, rho=0.0, params=(("temperature", d.temperature),))
+            o["event"] = A.PrivacyEvent("released-bon", 0.0, 0.0, rho=0.0, params=(("temperature", o["temperature"]),))
             o["epsilon_max"], o["delta"] = 0.0, 0.0
         elif o["mechanism"] == "privbon":
             if "noise_scale" in ext:
@@ -147,6 +147,8 @@ class RequestRules:
             else:
                 eps = ext.get("epsilon", d.epsilon)
                 o["noise_scale"] = d.noise_scale if eps is None else A.gumbel_noise_scale(eps, self.sensitivity)
+            # the noise floor: more noise than epsilon needs is charged what it spends, 2 Delta_r / sigma
+            o["noise_scale"] = max(o["noise_scale"], o["temperature"])
             o["event"] = A.privbon_event(o["noise_scale"], self.sensitivity, noise=d.privbon_noise)
             o["epsilon_max"], o["delta"] = o["event"].epsilon, 0.0
         else:
@@ -178,6 +180,22 @@ class RequestRules:
         if tenant is not None and owner[0] != tenant:  # the same answer as for a budget that does not exist
             raise ApiError(404, "not_found", f"unknown budget {budget!r}")
         return budget
+
+    def _temperature(self, asked, mech: str) -> float:
+        """privbon's noise floor / released-bon's soft-BoN temperature: the request's own (a finite
+        number >= 0, at most the operator's temperature_max) or the config's; privitp has none."""
+        d = self.cfg.mechanism
+        if asked is None:
+            return d.temperature if mech != "privitp" else 0.0
+        if mech == "privitp":
+            raise ApiError(400, "invalid_request", "privalign.temperature applies to privbon and released-bon, "
+                                                   "not 'privitp'")
+        if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not math.isfinite(asked) or asked < 0:
+            raise ApiError(400, "invalid_request", f"privalign.temperature must be a number >= 0, got {asked!r}")
+        if d.temperature_max is not None and asked > d.temperature_max:
+            raise ApiError(400, "invalid_request", f"privalign.temperature must not exceed this service's "
+                                                   f"temperature_max={d.temperature_max}, got {asked!r}")
+        return float(asked)
 
     def _max_rounds(self, asked, n: int) -> int:
         """PrivITP's T for a request: the operator's max_rounds capped at n, or the request's own
