@@ -4,7 +4,9 @@
     python examples/make_preferences_example.py --out my.jsonl
 
 Beside it, ``preferences-public-example.jsonl``: 30 other users' rows of the same kind (seed 53, ids
-``public-NNN``), the curator's own data that ``rm train --public`` may use without protection.
+``public-NNN``), the curator's own data that ``rm train --public`` may use without protection; and
+``preferences-heldout-example.jsonl`` (seed 54, ``heldout-NNN``) for ``rm evaluate``. No row of one
+file is in another.
 
 TRL's conversational preference format with an explicit prompt, one row per line, and a ``user_id``
 column naming the person who asked and judged: ``{"prompt": [{"role": "user", "content": ...}],
@@ -25,6 +27,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "privalign" / "data" / "preferences-example.jsonl"
 PUBLIC = OUT.with_name("preferences-public-example.jsonl")
+HELDOUT = OUT.with_name("preferences-heldout-example.jsonl")
 WORDS = ("strawberry", "banana", "committee", "mississippi", "bookkeeper", "parallel", "assessment",
          "balloon", "coffee", "letter", "address", "occurrence", "millennium", "necessary", "tomorrow")
 ITEMS = ("apples", "pencils", "stamps", "marbles", "books", "coins", "shells", "cards")
@@ -139,6 +142,8 @@ def main() -> None:
     if args.out == OUT:
         private = frozenset(_key(r) for r in make_rows(args.seed))  # the public rows share none of D's
         print(f"wrote {write(PUBLIC, 53, 30, 'public', private)}")
+        public = frozenset(_key(r) for r in make_rows(53, 30, "public", private))
+        print(f"wrote {write(HELDOUT, 54, 30, 'heldout', private | public)}")
 
 
 if __name__ == "__main__":

@@ -76,8 +76,13 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
         grid = {"lambdas": _grid_values("lam", lam), "cs": _grid_values("cs", cs),
                 "components": _grid_values("components", components, parse_int_list),
                 "lp_clips": _grid_values("lp-clips", lp_clips)}
-        train_from_preferences(preferences, privacy_unit, public, model, pairs_per_person or 16, grid, seed,
-                               name or "policy-bt", out)
+        if release_epsilon is not None:
+            _check_release_args(release_epsilon, release_delta)
+            _out_file(released_path(out), "model")
+        head = train_from_preferences(preferences, privacy_unit, public, model, pairs_per_person or 16, grid, seed,
+                                      name or "policy-bt", out, release_epsilon or target_epsilon)
+        if release_epsilon is not None:
+            _release(head, release_epsilon, release_delta, released_path(out), out)
         return
     if features == "policy":
         if objective not in ("privbon", "release"):
@@ -216,9 +221,18 @@ def _release(model, epsilon: float, delta: float, out: Path, model_path: Path, a
                   f"{g['delta']:g}) for P = {g['persons']} persons, k = {g['pairs_per_person']}: w~ = w + "
                   f"N(0, sigma^2 I), sigma = {g['sigma']:.4g} for L2 sensitivity Delta_r = {g['sensitivity']:.4g}"
                   f"{total}; every selection with it is free; this file may be published. Unit: a person "
-                  f"(replacement, or adding / removing one person's rows); assumed public and not protected: "
-                  f"the validation persons' data, the prompt ids (the roster of persons) and the seed "
+                  f"(replacement, or adding / removing one person's rows: {model.meta.get('person_definition', 'the grader of one train prompt')}); "
+                  f"assumed public and not protected: {_public_names(g.get('public_inputs'))} "
                   f"(guarantee.public_inputs). Recorded in {model_path.name.removesuffix('.json')}.releases.json")
+
+
+def _public_names(inputs) -> str:
+    """What a head's public inputs are, in words, for the line ``rm release`` prints."""
+    if not isinstance(inputs, dict):
+        return "not recorded (retrain the head)"
+    names = {"validation_persons": "the validation persons' data", "public_file": "the --public file",
+             "person_ids": "the roster of persons", "prompt_ids": "the prompt ids", "seed": "the seed"}
+    return ", ".join(v for k, v in names.items() if k in inputs)
 
 
 @rm_app.command("release")

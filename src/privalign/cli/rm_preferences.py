@@ -38,10 +38,12 @@ def pairs_of(table, model: str, policy=None):
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
-                           k: int, grid: dict, seed: int, name: str, out: Path):
+                           k: int, grid: dict, seed: int, name: str, out: Path, target_epsilon: float = 1.0):
     """``rm train --preferences``: read both files, check them, featurize, train, write, print."""
     from ..preferences.trl import check_disjoint
     from ..rewards.preference_bt import train_preference_bt
+    if privacy_unit is None:
+        read_table(preferences, None)
     if public is None:
         _fail("--preferences needs --public FILE: a preference file the curator may use without protection (a "
               "public data set, or the curator's own), on which the feature map and the settings are chosen, "
@@ -57,7 +59,8 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     p, _ = pairs_of(p_table, model, policy)
     try:
         head, rows = train_preference_bt(d, p, k=k, seed=seed, grid=grid, base_model=model, name=name,
-                                         privacy_unit=d_table.unit, source=str(public))
+                                         privacy_unit=d_table.unit, source=str(public),
+                                         target_epsilon=target_epsilon)
     except ValueError as e:
         _fail(str(e))
     head.save(out)
@@ -66,8 +69,9 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     console.print(f"wrote {out}: P = {d.persons} persons (privacy unit: {d_table.unit}) of at most k = {k} pairs "
                   f"each (how many were kept or dropped reads D: only the private report says), m = P k = {head.m}; "
                   f"q = {best['components']}, c = {best['c']:g}, L = {best['lp_clip']:g}, lambda = {head.lam:g} "
-                  f"chosen on the public file ({p.persons} persons, pairwise accuracy {best['selection_accuracy']:.3f} "
-                  f"on its held-out half), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "
+                  f"chosen on the public file ({p.persons} persons; on its held-out half, pairwise accuracy "
+                  f"{best['selection_exact_accuracy']:.3f} exact, {best['selection_accuracy']:.3f} released at "
+                  f"epsilon_w {target_epsilon:g}), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "
                   f"and not protected: {public.name} and the roster of persons (guarantee.public_inputs); keep the "
                   f"model file with the operator", highlight=False)
     console.print(f"wrote {private_path(out)} (private: what the head learnt from D, with no privacy; nothing read "
@@ -80,10 +84,12 @@ def _public_unit(public: Path, privacy_unit: str) -> str:
     from ..preferences.trl import read_preferences
 
     try:
-        read_preferences(public, privacy_unit, max_rows=1, drop_empty=True)
+        read_preferences(public, privacy_unit, drop_empty=True)
         return privacy_unit
-    except ValueError:
-        return "row"
+    except ValueError as e:
+        if "has no column" in str(e):
+            return "row"
+        _fail(f"--public: {e}")
 
 
 def rm_evaluate(head: Path = typer.Argument(..., help="a head trained by rm train --preferences (the exact file), "

@@ -7,8 +7,10 @@ responses (``preference_features``: teacher forcing through the deployed policy)
 1. *Public data for every choice.* The feature map (mu, components, scales) is fitted on the
    public file's responses, and (q, c, L, lambda) are chosen on it: its persons are split by a
    keyed hash of their ids into two halves, a candidate head is trained on one half (at most k pairs
-   per person, loss normalised by P_half k, as the final head) and scored by pairwise accuracy on the
-   other. The public file shares no row and no person with D (``preferences.trl.check_disjoint``).
+   per person, loss normalised by P_half k, as the final head) and scored on the other by the
+   pairwise accuracy it keeps once released at (target_epsilon, 1e-6) with the final head's Delta_r
+   (mean over seeded draws; P, D's number of persons, is a public count), or exactly without a
+   target. The public file shares no row and no person with D (``preferences.trl.check_disjoint``).
 2. *Contribution bounding.* Each person of D keeps at most k pairs, a uniform choice from the
    stream of (seed, person id) (``preferences.bounding``); how many lost pairs goes to the private
    report only.
@@ -76,8 +78,21 @@ def _bounded_diffs(fmap: FeatureMap, pairs: PreferencePairs, k: int, seed: int) 
     return fmap(pairs.chosen[keep]) - fmap(pairs.rejected[keep]), int(pairs.person.size - keep.size)
 
 
-def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9):
-    """Step 1 (module docstring), on the public pairs only: (the best row, its feature map, every row)."""
+def _released_accuracy(w, fmap, score: PreferencePairs, sigma: float, draws: int, seed: int) -> float:
+    """Mean pairwise accuracy over ``draws`` seeded releases w + sigma Z (the same draws for every candidate)."""
+    d = fmap(score.chosen) - fmap(score.rejected)
+    z = np.random.default_rng([seed, 7]).standard_normal((draws, w.size))
+    return float(np.mean((d @ (w + sigma * z).T) > 0))
+
+
+def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9,
+                    persons: int | None = None, target_epsilon: float | None = 1.0, draws: int = 50):
+    """Step 1 (module docstring), on the public pairs only: (the best row, its feature map, every row).
+    With ``target_epsilon``, a candidate is scored as it would be released at (target_epsilon, 1e-6)
+    with the noise of the final head's Delta_r (``persons`` = D's P, a public count), mean over
+    ``draws`` draws; else by its exact pairwise accuracy."""
+    from ..accounting import gaussian_mechanism_noise_scale
+
     if public.persons < 2:
         raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
     half_a, half_b = split_ids(public.person, 0.5, seed)
@@ -93,8 +108,14 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
                 d, _ = _bounded_diffs(fmap, fit, k, seed)
                 for lam in grid["lambdas"]:
                     w, _ = fit_bt(d, lam, g_tol, normalizer=fit.persons * k)
-                    acc = float(np.mean(pair_correct(w, fmap, score)))
-                    row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc}
+                    exact = float(np.mean(pair_correct(w, fmap, score)))
+                    acc = exact
+                    if target_epsilon is not None and persons:
+                        sigma = gaussian_mechanism_noise_scale(
+                            target_epsilon, certified_sensitivity(persons * k, lam, k, g_tol), 1e-6)
+                        acc = _released_accuracy(w, fmap, score, sigma, draws, seed)
+                    row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc,
+                           "selection_exact_accuracy": exact}
                     rows.append(row)
                     if best is None or (acc, lam) > (best[0]["selection_accuracy"], best[0]["lambda"]):
                         best = (row, fmap)
@@ -107,15 +128,15 @@ def _roster_digest(person: np.ndarray) -> str:
 
 def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int = 16, seed: int = 0,
                         grid: dict | None = None, g_tol: float = 1e-9, base_model: str = "smollm2",
-                        name: str = "policy-bt", privacy_unit: str = "person", source: str = ""
-                        ) -> tuple[PolicyBTReward, list[dict]]:
+                        name: str = "policy-bt", privacy_unit: str = "person", source: str = "",
+                        target_epsilon: float | None = 1.0) -> tuple[PolicyBTReward, list[dict]]:
     """Steps 1-3 (module docstring): the certified head on D and the public choice's rows."""
     if k < 1:
         raise ValueError(f"max_pairs_per_person (k) must be >= 1, got {k!r}")
     if d.persons < 2:
         raise ValueError(f"the preference data need at least 2 persons, got {d.persons}")
     grid = {**DEFAULT_GRID, **{key: tuple(v) for key, v in (grid or {}).items() if v}}
-    row, fmap, rows = choose_settings(public, grid, k, seed, g_tol)
+    row, fmap, rows = choose_settings(public, grid, k, seed, g_tol, d.persons, target_epsilon)
     diffs, dropped = _bounded_diffs(fmap, d, k, seed)
     m = d.persons * k
     w, g = fit_bt(diffs, row["lambda"], g_tol, normalizer=m)
@@ -126,7 +147,8 @@ def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int =
             "lp_clip": row["lp_clip"], "selection_accuracy": row["selection_accuracy"],
             "public_persons": public.persons, "public_pairs": int(public.person.size),
             "procedure": {"unit": "person", "source": "preferences", "pairs_per_person": k, "seed": seed,
-                          "g_tol": g_tol, **{key: list(v) for key, v in grid.items()}},
+                          "g_tol": g_tol, "target_epsilon": target_epsilon, "target_delta": 1e-6,
+                          **{key: list(v) for key, v in grid.items()}},
             "public_inputs": {
                 "public_file": source or "the --public preference file: every row of it, unprotected",
                 "public_use": "fits the feature map (mu, components, scales, published in a released file) and "

@@ -1,0 +1,140 @@
+"""Issue 52: a user's own preference file through rm train --preferences, rm release, rm evaluate and
+privalign serve, with the real SmolLM2 (small slices of the shipped example files, so that the
+featurizing stays in seconds)."""
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from privalign.cli import app
+from privalign.preferences.trl import read_preferences
+from privalign.rewards.policy_bt import PolicyBTReward
+from privalign.rewards.preference_bt import PreferencePairs, train_preference_bt
+from privalign.rewards.release import ReleasedHead
+
+DATA = resources.files("privalign") / "data"
+
+
+def _slice(src: str, dst: Path, users: int) -> Path:
+    """The rows of the first ``users`` persons of a shipped example file."""
+    rows = [json.loads(line) for line in (DATA / src).read_text().splitlines()]
+    keep = sorted({r["user_id"] for r in rows})[:users]
+    dst.write_text("".join(json.dumps(r) + "\n" for r in rows if r["user_id"] in keep))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prefs")
+    return (_slice("preferences-example.jsonl", d / "mine.jsonl", 8),
+            _slice("preferences-public-example.jsonl", d / "public.jsonl", 5),
+            _slice("preferences-heldout-example.jsonl", d / "heldout.jsonl", 3))
+
+
+def test_a_users_file_through_train_release_evaluate(files, tmp_path):
+    mine, public, heldout = files
+    runner = CliRunner()
+    train = ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id", "--public", str(public),
+             "--max-pairs-per-person", "3", "--lam", "0.3,1", "--components", "4", "--release-epsilon", "3",
+             "--out", str(tmp_path / "head.json")]
+    res = runner.invoke(app, train)
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "P = 8 persons (privacy unit: user_id)" in out and "k = 3" in out and "never on D" in out
+    assert "dropped" in out and "beyond k" not in out  # nothing read from D on stdout
+    head = PolicyBTReward.load(tmp_path / "head.json")
+    assert head.persons == 8 and head.m == 24 and head.unit == "person"
+    assert head.sensitivity == pytest.approx(4 * 3 / (24 * head.lam) + 2e-9 / head.lam)
+    g = head.guarantee()
+    assert "user_id" in g["adjacency"] and g["public_inputs"]["person_ids"]["count"] == 8
+    assert mine.with_name("mine.jsonl.features-smollm2.npz").exists()  # cached by content beside the file
+    released = ReleasedHead.load(tmp_path / "head.released.json")
+    assert released.release["unit"] == "person" and released.release["persons"] == 8
+    # evaluate: the exact head, the log-probability alone and releases over draws, as JSON
+    res = runner.invoke(app, ["rm", "evaluate", str(tmp_path / "head.json"), "--preferences", str(heldout),
+                              "--release-epsilon", "1,10", "--draws", "20", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output[res.output.index("{"):])
+    assert r["pairs"] == len(read_preferences(heldout, "row")) and 0 <= r["exact"]["lo"] <= r["exact"]["hi"] <= 1
+    assert [x["epsilon_w"] for x in r["releases"]] == [1.0, 10.0] and all(x["p5"] <= x["mean"] for x in r["releases"])
+    assert r["releases"][0]["sigma"] > r["releases"][1]["sigma"]
+    # a second run reads the cached features: only the public file's rows are new to nothing
+    res = runner.invoke(app, [*train[:-1], str(tmp_path / "again.json")])
+    assert res.exit_code == 0 and "featurizing" not in res.output, res.output
+
+
+def test_a_released_preference_head_serves_each_answer_free(files, tmp_path):
+    """privalign serve's Service with the released head of a user's file: 0 per answer, the release
+    recorded once in the model budget, the statement in persons."""
+    from privalign.server.app import Service, StubGenerator
+    from privalign.server.config import ServiceConfig
+
+    mine, public, _ = files
+    res = CliRunner().invoke(app, ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id",
+                                   "--public", str(public), "--lam", "1", "--components", "4",
+                                   "--release-epsilon", "2", "--out", str(tmp_path / "h.json")])
+    assert res.exit_code == 0, res.output
+    cfg = ServiceConfig.model_validate({
+        "ledger": str(tmp_path / "l.db"), "generator": {"backend": "stub"},
+        "reward": {"kind": "policy-bt", "path": str(tmp_path / "h.released.json")},
+        "mechanism": {"name": "released-bon", "n": 3}, "clients": {"k": {"tenant": "a"}},
+        "budgets": [{"name": "a", "tenant": "a", "epsilon_total": 1.0, "delta_total": 1e-6}],
+        "model_budget": {"name": "model", "epsilon_total": 5.0, "delta_total": 1e-5}, "warm_up": False})
+    svc = Service(cfg, generator=StubGenerator())
+    try:
+        for _ in range(3):
+            out = svc.answer([{"role": "user", "content": "What is 12 + 30?"}], None, "a")
+            assert out["privalign"]["epsilon_charged"] == 0
+        g = svc.guarantee()
+        assert g["unit"] == "person" and "a person in the reward model's preference data" in g["statement"]
+        assert svc.ledger.budget("model").spent.epsilon == pytest.approx(2.0)
+    finally:
+        svc.close()
+
+
+def _pairs(rng, persons, per, dim=9):
+    person = np.repeat([f"u{i}" for i in range(persons)], per)
+    chosen = rng.standard_normal((person.size, dim)) + 10
+    rejected = rng.standard_normal((person.size, dim)) + 10
+    chosen[:, 0] += 1.0
+    for raw in (chosen, rejected):
+        raw[:, -1] = -rng.gamma(2.0, 0.5, person.size)
+    return PreferencePairs(chosen, rejected, person)
+
+
+def test_one_persons_rows_move_the_preference_head_by_at_most_delta_r():
+    """Raw-data neighbours of a preference file: one person's pairs flipped, removed, or replaced by
+    extreme ones; the whole procedure (choice on the public pairs, bounding, the head) rerun."""
+    rng = np.random.default_rng(0)
+    d, public = _pairs(rng, 150, 6), _pairs(rng, 40, 4)
+    kw = dict(k=4, seed=0, grid={"lambdas": (0.3,), "components": (3,), "cs": (0.8,)})
+    base, _ = train_preference_bt(d, public, **kw)
+    me = d.person == "u7"
+    flipped = PreferencePairs(np.where(me[:, None], d.rejected, d.chosen), np.where(me[:, None], d.chosen,
+                                                                                     d.rejected), d.person)
+    removed = PreferencePairs(d.chosen[~me], d.rejected[~me], d.person[~me])
+    extreme = PreferencePairs(np.where(me[:, None], d.chosen * 50, d.chosen), np.where(me[:, None], -d.rejected * 50,
+                                                                                        d.rejected), d.person)
+    for nb in (flipped, removed, extreme):
+        t, _ = train_preference_bt(nb, public, **kw)
+        assert (t.meta["components"], t.meta["c"], t.lam) == (base.meta["components"], base.meta["c"], base.lam)
+        assert np.linalg.norm(t.w - base.w) <= base.sensitivity
+
+
+def test_bad_preference_input_is_one_line_and_writes_nothing(files, tmp_path):
+    mine, public, _ = files
+    runner = CliRunner()
+    base = ["rm", "train", "--preferences", str(mine), "--out", str(tmp_path / "x.json")]
+    for args, message in [
+        (["--public", str(public)], "--preferences needs --privacy-unit"),
+        (["--privacy-unit", "user_id"], "--preferences needs --public FILE"),
+        (["--privacy-unit", "uid", "--public", str(public)], "has no column 'uid'"),
+        (["--privacy-unit", "user_id", "--public", str(mine)], "shares"),
+    ]:
+        res = runner.invoke(app, [*base, *args])
+        assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+        assert not list(tmp_path.glob("x*"))
