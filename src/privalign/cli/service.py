@@ -29,15 +29,30 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
     except Exception as e:
         _fail(f"invalid config {config}: {e}")
     sock = _bind(host, port)  # before any model loads and before the ledger (or its folder) is created
-    from ..server.config import prepare_ledger
+    from ..server.config import check_ledger_path
+    from ..server.startup import cheap_reward, preflight
 
+    try:  # every check that needs no model, before anything is loaded or created (issue 50)
+        check_ledger_path(cfg.ledger)
+        preflight(cfg, cheap_reward(cfg))
+    except ValueError as e:
+        _fail(str(e))
+    service = _service(cfg) if workers == 1 else None  # its own checks run before it opens the ledger
     try:
-        prepare_ledger(cfg.ledger)
-        budgets, model, notes = _ledger_settings(cfg)
+        budgets, model, notes = _ledger_settings(cfg, service)
     except ValueError as e:
         _fail(str(e))
     _print_banner(cfg, config, host, port, workers, budgets, model, notes)
-    _run(cfg, config, sock, host, port, workers)
+    _run(cfg, config, sock, host, port, workers, service)
+
+
+def _service(cfg):
+    from ..server.app import Service
+
+    try:
+        return Service(cfg)
+    except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
+        _fail(f"cannot start: {e}")
 
 
 def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: int, budgets, model, notes) -> None:
@@ -69,7 +84,7 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                       f"a request of n = {cfg.mechanism.n} can take minutes (docs/deploy.md, latency on a CPU)")
 
 
-def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int) -> None:
+def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int, service=None) -> None:
     """uvicorn on the bound socket (one worker), or ``workers`` processes that bind it themselves."""
     import os
 
@@ -85,28 +100,32 @@ def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int) 
     else:
         from ..server.http import create_app
 
-        try:
-            web = create_app(cfg)
-        except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
-            _fail(f"cannot start: {e}")
+        web = create_app(cfg, service)
         uvicorn.Server(uvicorn.Config(web, host=host, port=port, **UVICORN)).run(sockets=[sock])
 
 
-def _ledger_settings(cfg):
+def _ledger_settings(cfg, service=None):
     """(tenant budgets, the model budget or None, notes) as the ledger holds them once this config is
-    applied (``server.deployment.configure``): the banner shows the ledger, not the config."""
+    applied (``server.deployment.configure``, by ``service`` or here): the banner shows the ledger,
+    not the config."""
     from ..ledger import Ledger
+    from ..server.config import prepare_ledger
     from ..server.deployment import configure
 
-    try:
-        led = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
-    except Exception as e:
-        raise ValueError(f"ledger: cannot open {cfg.ledger} ({type(e).__name__}: {e})") from None
-    try:
-        d = configure(led, cfg)
+    if service is not None:
+        led, d = service.ledger, service.deployment
         states = led.budgets()
-    finally:
-        led.close()
+    else:
+        prepare_ledger(cfg.ledger)
+        try:
+            led = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
+        except Exception as e:
+            raise ValueError(f"ledger: cannot open {cfg.ledger} ({type(e).__name__}: {e})") from None
+        try:
+            d = configure(led, cfg)
+            states = led.budgets()
+        finally:
+            led.close()
     model = next((b for b in states if b.name == d.model_budget), None)
     return [b for b in states if b.name != d.model_budget], model, d.notes
 

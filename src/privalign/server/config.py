@@ -341,22 +341,38 @@ def resolve_ledger_path(ledger: str, config_dir: Path | None) -> str:
     return str(p if p.is_absolute() else (config_dir or Path.cwd()) / p)
 
 
-def prepare_ledger(ledger: str) -> None:
-    """Make sure a SQLite ledger can be opened: its folder is created if missing; a ValueError names
-    the path and why not otherwise (one line, before the service opens anything)."""
+def check_ledger_path(ledger: str) -> None:
+    """A ValueError (one line, naming the path and why) when a SQLite ledger could not be opened:
+    a folder, a folder that cannot be created, a file or folder this user cannot write. Creates nothing."""
     if is_url(ledger):
         return
     path = Path(ledger)
     if path.is_dir():
         raise ValueError(f"ledger: {path} is a folder; name a file in it, e.g. {path / 'privalign-ledger.db'}")
     folder = path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({existing} is a file)")
+    if existing != folder and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({existing} is not writable by "
+                         "this user)")
+    if existing == folder and (not os.access(folder, os.W_OK | os.X_OK)
+                               or (path.exists() and not os.access(path, os.R_OK | os.W_OK))):
+        raise ValueError(f"ledger: {path if path.exists() else folder} is not writable by this user")
+
+
+def prepare_ledger(ledger: str) -> None:
+    """Make sure a SQLite ledger can be opened: its folder is created if missing; a ValueError names
+    the path and why not otherwise (one line, before the service opens anything)."""
+    check_ledger_path(ledger)
+    if is_url(ledger):
+        return
+    folder = Path(ledger).parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({e.strerror or type(e).__name__})") \
+        raise ValueError(f"ledger: cannot create the folder {folder} for {ledger} ({e.strerror or type(e).__name__})") \
             from None
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
-        raise ValueError(f"ledger: {path if path.exists() else folder} is not writable by this user")
 
 
 def load_config(path: str | Path | None) -> ServiceConfig:
