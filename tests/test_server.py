@@ -347,6 +347,7 @@ tenant = "default"
 max_new_tokens = 4
 [mechanism]
 n = 4
+epsilon_max = 10.0                 # a request may ask for epsilon 2 (the default ceiling is epsilon 1)
 [[budgets]]
 name = "default"
 epsilon_total = 100.0

@@ -173,6 +173,11 @@ class MechanismConfig(_Section):
     # (docs/experiments.md). A request may ask for its own T up to max_rounds_max (default max_rounds).
     max_rounds: int = Field(16, ge=1)
     max_rounds_max: int | None = Field(None, ge=1)
+    # the most one request may cost (its worst-case epsilon, and delta), whatever its privalign options:
+    # a request above it is a 400 and charges nothing. Default: what a request with this section's
+    # options may cost (at any n up to max_n, either mechanism), so only less noise is refused
+    epsilon_max: float | None = Field(None, gt=0)
+    delta_max: float | None = Field(None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _rounds_bound(self):
@@ -188,6 +193,9 @@ class BudgetConfig(_Section):
     delta_total: float = Field(1e-6, ge=0, lt=1)
     # fsrc | basic | zcdp (rho against the rho_total that (epsilon_total, delta_total) allows; docs/accounting.md)
     composition: Literal["fsrc", "basic", "zcdp"] = "fsrc"
+    # this budget's own per-request ceiling, below [mechanism] epsilon_max / delta_max (the lower one holds)
+    epsilon_max: float | None = Field(None, gt=0)
+    delta_max: float | None = Field(None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _zcdp_needs_a_delta(self):
