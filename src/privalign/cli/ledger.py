@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 
 from ._common import _fail, console
@@ -30,8 +31,8 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
     except UnknownBudget:
         _fail(f"unknown budget {budget!r} in {ledger}")
     b = res["budget"]
-    table = Table(title=f"budget {budget!r} ({b['composition']}, total epsilon {b['epsilon_total']:g}, "
-                        f"delta {b['delta_total']:g}): {b['queries']} settled queries")
+    table = Table(title=escape(f"budget {budget!r} ({b['composition']}, total epsilon {b['epsilon_total']:g}, "
+                        f"delta {b['delta_total']:g}): {b['queries']} settled queries"))
     for col in ("composition", "epsilon", "delta", "rho"):
         table.add_column(col, justify="right")
     for comp, a in res["accounts"].items():
@@ -40,7 +41,7 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
             note = f" ({a['missing_rho']} charges without a rho)"
         elif a.get("derived_rho"):
             note = f" ({a['derived_rho']} pure charges given epsilon^2/2)"
-        table.add_row(comp + note, "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
+        table.add_row(escape(comp + note), "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
                       "-" if a["delta"] is None else f"{a['delta']:.3g}", "-" if a["rho"] is None else f"{a['rho']:.6g}")
     Console(soft_wrap=True).print(table)
 
@@ -116,14 +117,14 @@ def ledger_events(ledger: str = typer.Argument(..., help="a SQLite path or postg
     if as_json:
         print(json.dumps({"budget": budget, "events": rows}, indent=2))
         return
-    table = Table(title=f"budget {budget!r}: {len(rows)} events")
+    table = Table(title=escape(f"budget {budget!r}: {len(rows)} events"))
     for c in ("id", "time (UTC)", "kind", "request_id", "epsilon", "delta", "epsilon_max", "rho", "mechanism"):
         table.add_column(c, justify="right" if c in ("id", "epsilon", "delta", "epsilon_max", "rho") else "left")
     for r in rows:
         when = dt.datetime.fromtimestamp(r["time"], dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        table.add_row(str(r["id"]), when, r["kind"], r["request_id"] or "-", f"{r['epsilon']:.6g}",
+        table.add_row(str(r["id"]), when, escape(r["kind"]), escape(r["request_id"] or "-"), f"{r['epsilon']:.6g}",
                       f"{r['delta']:.3g}", f"{r['epsilon_max']:.6g}", "-" if r["rho"] is None else f"{r['rho']:.6g}",
-                      r["mechanism"] or "-")
+                      escape(r["mechanism"] or "-"))
     Console(soft_wrap=True).print(table)
 
 
@@ -138,7 +139,7 @@ def ledger_check(ledger: str = typer.Argument(..., help="a SQLite path or postgr
                          indent=2))
     elif problems:
         for p in problems:
-            console.print(p, highlight=False)
+            console.print(p, highlight=False, markup=False)
     else:
         print(f"{ledger}: {len(led.budgets())} budgets consistent with their events")
     if problems:

@@ -182,4 +182,4 @@ def _print_headline(out: Path) -> None:
 
     h = json.loads((out / "headline.json").read_text())
     console.print("\n".join([f"wrote {out} (open {out}/report.html); base accuracy {h['base_accuracy']:.3g}",
-                              *(f"- {line}" for line in headline_sentences(h))]))
+                              *(f"- {line}" for line in headline_sentences(h))]), markup=False)

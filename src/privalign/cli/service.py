@@ -76,12 +76,12 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                      f"  no model budget: a person in the reward model's data gets only the sum over all budgets "
                      f"(epsilon {sum(b.total.epsilon for b in budgets):g} now, more with each budget created)\n")
                   + "".join(f"  note: {n}\n" for n in notes)
-                  + f"  keys {keys}")
+                  + f"  keys {keys}", markup=False)
     if not config:
-        console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")
+        console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}", markup=False)
     if cfg.generator.backend in ("transformers", "llamacpp") and cfg.token_cap > 64 and not _has_gpu():
-        console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap} on an embedded model without a GPU: "
-                      f"a request of n = {cfg.mechanism.n} can take minutes (docs/deploy.md, latency on a CPU)")
+        console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap:d} on an embedded model without a GPU: "
+                      f"a request of n = {cfg.mechanism.n:d} can take minutes (docs/deploy.md, latency on a CPU)")
 
 
 def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int, service=None) -> None:
