@@ -89,7 +89,9 @@ def ledger_show(ledger: str = typer.Argument(..., help="a SQLite path or postgre
             vals = [b.get(f"{k}_{x}") for x in ("total", "spent", "reserved", "remaining")]
             return (f"{k} " + " / ".join(format(v, fmt) for v in vals)) if vals[0] is not None else None
 
-        amounts = "; ".join(x for x in (four("epsilon", ".6g"), four("delta", ".3g"), four("rho", ".6g")) if x)
+        delta = (four("delta", ".3g") if b.get("delta_spent") is not None else  # zcdp: the conversion's delta
+                 f"delta {b['delta_total']:.3g} (fixed by the zcdp conversion, not spent per query)")
+        amounts = "; ".join(x for x in (four("epsilon", ".6g"), delta, four("rho", ".6g")) if x)
         print(f"{b['name']} ({'tenant ' + b['tenant'] if b['tenant'] else 'model budget'}, {b['composition']}): "
               f"{amounts} (total / spent / reserved / left); {b['queries']} queries, {b['refusals']} refusals, "
               f"{b['open_reservations']} open")

@@ -154,8 +154,10 @@ def response_body(request_id, o, chosen, sel, generated, usage, token_lp, charge
         **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"])), "accounting": ZCDP_NOTE}
            if state.zcdp else {}),
         "composition": state.composition, "budget": o["budget"],
-        "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
-                             **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
+        # zcdp: delta is the conversion's (fixed), not spent or left: epsilon and rho are what is left
+        "budget_remaining": {"epsilon": shown(state.remaining.epsilon),
+                             **({"rho": shown(state.remaining_rho)} if state.zcdp else
+                                {"delta": shown(state.remaining.delta)})}}}
 
 
 class Service:
