@@ -196,9 +196,21 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
     best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
     full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
     if best is not None and full is not None:
-        mode = "release then BoN" if full["p5"] >= best[0] else f"per-query noise ({best[1]})"
-        out.print(f"recommended: {mode} (release at the whole budget: {full['mean']:.3f} on average, "
-                  f"{full['p5']:.3f} at the 5th percentile; per-query at its best {best[0]:.3f})", markup=False)
+        out.print(_recommendation(full, best, r0["base"]), markup=False)
+
+
+def _recommendation(full: dict, best: tuple, base: float) -> str:
+    """Which mode to use: only one that beats the base policy (the release on average, per-query noise
+    at its best); of two, the release when its 5th percentile is at least per-query's; else neither."""
+    release_wins, per_query_wins = full["mean"] > base, best[0] > base
+    said = (f"release at the whole budget: {full['mean']:.4g} on average, {full['p5']:.4g} at the 5th "
+            f"percentile; per-query at its best {best[0]:.4g} ({best[1]}); base policy {base:.4g}")
+    if not (release_wins or per_query_wins):
+        return (f"recommended: neither: no mode beats the base policy ({said}); serve the base policy, or "
+                "plan with a larger budget or more preference data")
+    if release_wins and (not per_query_wins or full["p5"] >= best[0]):
+        return f"recommended: release then BoN ({said})"
+    return f"recommended: per-query noise ({best[1]}) ({said})"
 
 
 def _head_phi(head, p, pool: Path) -> np.ndarray:
