@@ -43,7 +43,19 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
             note = f" ({a['derived_rho']} pure charges given epsilon^2/2)"
         table.add_row(escape(comp + note), "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
                       "-" if a["delta"] is None else f"{a['delta']:.3g}", "-" if a["rho"] is None else f"{a['rho']:.6g}")
-    Console(soft_wrap=True).print(table)
+    _print_table(table)
+
+
+def _print_table(table) -> None:
+    """A table whole: on a terminal, narrow columns fold rather than cut; elsewhere (a pipe, a file)
+    as wide as its widest row, never cut at 80 columns."""
+    out = Console(soft_wrap=True)
+    for col in table.columns:
+        col.overflow = "fold"
+    if not out.is_terminal:
+        out = Console(soft_wrap=True, width=max(80, out.measure(table, options=out.options.update(
+            width=100_000)).maximum))
+    out.print(table)
 
 
 def _open_ledger(ledger: str):
@@ -127,7 +139,7 @@ def ledger_events(ledger: str = typer.Argument(..., help="a SQLite path or postg
         table.add_row(str(r["id"]), when, escape(r["kind"]), escape(r["request_id"] or "-"), f"{r['epsilon']:.6g}",
                       f"{r['delta']:.3g}", f"{r['epsilon_max']:.6g}", "-" if r["rho"] is None else f"{r['rho']:.6g}",
                       escape(r["mechanism"] or "-"))
-    Console(soft_wrap=True).print(table)
+    _print_table(table)
 
 
 @ledger_app.command("check")

@@ -64,7 +64,7 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                      else "; ")
                   + f"requests name the model {cfg.served_model_name!r}"
                   + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
-                  f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}\n"
+                  f"  reward: {_reward_shown(cfg)}\n"
                   f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
                   f"  ledger: {cfg.ledger}\n"
                   + "".join(f"  budget {b.name!r} (tenant {b.tenant}): epsilon {b.total.epsilon:g}, delta "
@@ -82,6 +82,18 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
     if cfg.generator.backend in ("transformers", "llamacpp") and cfg.token_cap > 64 and not _has_gpu():
         console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap:d} on an embedded model without a GPU: "
                       f"a request of n = {cfg.mechanism.n:d} can take minutes (docs/deploy.md, latency on a CPU)")
+
+
+def _reward_shown(cfg) -> str:
+    """The reward model's kind and file (absolute); the embedded default's file when none is named."""
+    r = cfg.reward
+    if r.path:
+        return f"{r.kind} {Path(r.path).resolve()}"
+    if r.kind == "minilm-bt":
+        from importlib import resources
+
+        return f"minilm-bt {resources.files('privalign') / 'data' / 'arithmetic-minilm-bt.json'} (the embedded default)"
+    return r.kind
 
 
 def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int, service=None) -> None:

@@ -330,6 +330,7 @@ def resolve_model_path(path: str, config_dir: Path | None) -> str:
     else:
         tried = ([config_dir / p] if config_dir else []) + [Path.cwd() / p,
                                                              Path(str(resources.files("privalign") / "data")) / p]
+        tried = list(dict.fromkeys(t.resolve() for t in tried))  # a config beside the working directory: once
     for candidate in tried:
         if candidate.is_file():
             return str(candidate)
