@@ -73,6 +73,16 @@ def _out_dir(out: Path, inputs=()) -> None:
         _fail(str(e))
 
 
+def _said_left_alone(out: Path) -> None:
+    """After a run wrote the results folder ``out``: the files there that are not privalign's, kept."""
+    from .._paths import left_alone
+
+    kept = left_alone(out)
+    if kept:
+        console.print(f"left alone in {out} (not privalign's): {', '.join(kept[:10])}"
+                      + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""), markup=False)
+
+
 def _out_file(out: Path, kind: str, option: str = "--out") -> None:
     """Refuse (one line, exit 2) a file target that is a directory or a file privalign did not write."""
     from .._paths import OutputError, check_output_file

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from ._app import app
+from ._common import _said_left_alone
 from ._common import EXECUTOR_HELP, SCHEDULER_HELP, WORKERS_HELP, _check_executor, _fail, _load, _out_dir, _out_file, _progress, console, parse_int_list
 
 
@@ -121,6 +122,7 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
     except (PoolError, ValueError) as e:
         _fail(f"{pool}: {e}")
     console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html", markup=False)
+    _said_left_alone(out)
 
 
 def _check_draws(p, n_grid, without_replacement: bool) -> None:
