@@ -141,3 +141,42 @@ def check_output_file(path: str | Path, kind: str, *, option: str = "--out") -> 
                           f"refusing to overwrite it (move it away or name another file)")
     _writable_parent(path, option)
     return path
+
+
+def hold_output(target: str | Path, *, option: str = "--out"):
+    """Hold ``target`` (a pool file or a results folder) for this run alone, with an exclusive lock on
+    the sibling file ``.NAME.lock``, which holds the run's pid; returns the function that lets it go.
+    A second run is refused (OutputError, one line with the holder's pid). The lock is the
+    operating system's (``flock``): a run that dies lets it go, and a lock file left behind by one
+    is taken over."""
+    import fcntl
+
+    target = Path(target).expanduser().resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputError(f"{option} {target}: another run (pid {pid}) is writing it; wait for that run to "
+                              f"end, or name another {option}") from None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:  # not removed by a run that just let it go
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+
+    def release() -> None:
+        try:
+            lock.unlink()
+        except OSError:
+            pass
+        os.close(fd)
+
+    return release

@@ -83,6 +83,20 @@ def _said_left_alone(out: Path) -> None:
                       + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""), markup=False)
 
 
+def _one_writer(out: Path, option: str = "--out") -> None:
+    """Hold ``out`` for this command alone (``_paths.hold_output``), let go when the command ends; a
+    second run on it is one line naming the holder's pid (exit 2)."""
+    import click
+
+    from .._paths import OutputError, hold_output
+
+    try:
+        release = hold_output(out, option=option)
+    except OutputError as e:
+        _fail(str(e))
+    click.get_current_context().call_on_close(release)
+
+
 def _out_file(out: Path, kind: str, option: str = "--out") -> None:
     """Refuse (one line, exit 2) a file target that is a directory or a file privalign did not write."""
     from .._paths import OutputError, check_output_file

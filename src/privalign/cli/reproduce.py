@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ._app import app
-from ._common import _said_left_alone
+from ._common import _one_writer, _said_left_alone
 from ._common import EXECUTOR_HELP, SCHEDULER_HELP, WORKERS_HELP, _check_executor, _fail, _load, _out_dir, _progress, console
 
 
@@ -51,6 +51,7 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     if pool and task:
         _fail("give --pool or --task, not both")
     _out_dir(out, inputs=[pool, audit, release_head])
+    _one_writer(out)
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
