@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ._app import app
-from ._common import _fail, _out_dir, _train_pool, console
+from ._common import _fail, _out_dir, _train_pool, _working, console
 
 
 def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w: float, noise_factor: float,
@@ -22,7 +22,7 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
     try:
         check_release(m, epsilon_w, delta_w)
         sigma = release_noise_scale(m, epsilon_w, delta_w) * noise_factor
-        with console.status("auditing the release"):
+        with _working("auditing the release"):
             res = audit_release(m, raw, p.columns["prompt_id"], p.columns["true_reward"], epsilon_w=epsilon_w,
                                 delta_w=delta_w, runs=runs, seed=seed,
                                 noise_scale=None if noise_factor == 1.0 else sigma)
@@ -116,7 +116,7 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
     if release is not None:
         _audit_release(m, model, pool, p, raw, release, release_delta, noise_factor, runs, seed, out)
         return
-    with console.status("auditing"):
+    with _working("auditing"):
         res = run_audit(m, raw, p.columns["prompt_id"], p.columns["true_reward"], epsilon=epsilon, delta=delta,
                         runs=runs, seed=seed)
     console.print(f"realised max |r_D - r_D'| = {res['realised_sensitivity']:.4g}, certified Delta_r = "

@@ -8,7 +8,6 @@ from typing import Optional
 
 import numpy as np
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ._app import app
 from ._common import _fail, _load, _one_writer, _out_file, _progress, console
@@ -84,9 +83,9 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject],
     _check_dtype(dtype)
     gen = _generator(model, backend, base_url, **({"sampler": sampler, "batch_size": batch_size, "dtype": dtype}
                                                   if backend == "transformers" else {}))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                  console=console) as bar:
+    resume = (f"interrupted: the finished shards are kept in {out}.shards; rerun the same command to resume "
+              "(their prompts are skipped)")
+    with _progress(on_interrupt=resume, info=True) as bar:
         job = bar.add_task("prompts", total=len(problems), info="")
 
         def show(st):
