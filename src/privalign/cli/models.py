@@ -68,7 +68,6 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject],
     from ..tasks import get_task
 
     _out_file(out, "pool")
-    _one_writer(out)  # a second generate (or featurize) on this pool: one line with this run's pid
     try:
         t = get_task(task, data_dir)
         problems = t.load(split, limit)
@@ -81,6 +80,7 @@ def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject],
     if dtype is not None and backend != "transformers":
         _fail(f"--dtype applies to the transformers backend, not {backend!r}")
     _check_dtype(dtype)
+    _one_writer(out)  # before the model loads: a second generate (or featurize) on this pool names this run's pid
     gen = _generator(model, backend, base_url, **({"sampler": sampler, "batch_size": batch_size, "dtype": dtype}
                                                   if backend == "transformers" else {}))
     resume = (f"interrupted: the finished shards are kept in {out}.shards; rerun the same command to resume "
