@@ -1,5 +1,6 @@
 """Issue 30, item 1: no command destroys what privalign did not write. Every writer checks its
-target before any work starts; a results directory is replaced only when privalign wrote it."""
+target before any work starts. Since issue 50 (tests/test_user_files.py) a results folder may hold
+the user's files: a run replaces only privalign's own files there and leaves the rest alone."""
 
 import json
 import os
@@ -41,9 +42,10 @@ def pool(tmp_path):
     return p
 
 
-def test_evaluate_refuses_a_users_folder_and_leaves_it_whole(tmp_path, pool):
+def test_evaluate_writes_into_a_users_folder_and_leaves_its_files_whole(tmp_path, pool):
     d = user_folder(tmp_path / "mine")
-    refused(runner.invoke(app, ["evaluate", str(pool), *FAST, "--out", str(d)]), "privalign did not write")
+    res = runner.invoke(app, ["evaluate", str(pool), *FAST, "--out", str(d)])
+    assert res.exit_code == 0 and "left alone" in res.output and "thesis.tex" in res.output, res.output
     intact(d)
 
 
@@ -66,23 +68,28 @@ def test_results_directories_are_replaced_and_empty_folders_used(tmp_path, pool)
         assert (out / "summary.csv").exists()
 
 
-def test_a_folder_holding_the_input_is_refused(tmp_path):
+def test_a_folder_holding_the_input_is_written_and_the_input_kept(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / MANIFEST).write_text(json.dumps({"kind": "privalign-results"}))
+    (out / MANIFEST).write_text(json.dumps({"kind": "privalign-results", "files": []}))
     pool = out / "pool.parquet"
     simulate("gaussian", 3, 8, seed=0).save(pool)
-    refused(runner.invoke(app, ["evaluate", str(pool), *FAST, "--out", str(out)]), "contains the input")
+    res = runner.invoke(app, ["evaluate", str(pool), *FAST, "--out", str(out)])
+    assert res.exit_code == 0 and pool.exists() and (out / "summary.csv").exists(), res.output
+    # an input that is one of privalign's own results there would be replaced: refused
+    (out / MANIFEST).write_text(json.dumps({"kind": "privalign-results", "files": ["pool.parquet"]}))
+    refused(runner.invoke(app, ["evaluate", str(pool), *FAST, "--out", str(out)]), "holds the input")
     assert pool.exists()
 
 
-def test_reproduce_and_audit_refuse_a_users_folder(tmp_path):
-    d = user_folder(tmp_path / "mine")
-    refused(runner.invoke(app, ["reproduce", "--out", str(d)]), "privalign did not write")
-    refused(runner.invoke(app, ["reproduce", "--large", "--out", str(d)]), "privalign did not write")
-    refused(runner.invoke(app, ["audit", "--model", "m.json", "--pool", "p.parquet", "--out", str(d)]),
-            "privalign did not write")
-    intact(d)
+def test_reproduce_and_audit_refuse_a_file_where_their_folder_goes(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("years of work")
+    refused(runner.invoke(app, ["reproduce", "--out", str(f)]), "a file of that name exists")
+    refused(runner.invoke(app, ["reproduce", "--large", "--out", str(f)]), "a file of that name exists")
+    refused(runner.invoke(app, ["audit", "--model", "m.json", "--pool", "p.parquet", "--out", str(f)]),
+            "a file of that name exists")
+    assert f.read_text() == "years of work"
 
 
 def test_file_writers_refuse_files_they_did_not_write(tmp_path, pool):
@@ -103,9 +110,8 @@ def test_file_writers_refuse_files_they_did_not_write(tmp_path, pool):
 
 def test_library_checks(tmp_path):
     d = user_folder(tmp_path / "mine")
-    with pytest.raises(OutputError, match="mine"):
-        with atomic_directory(d):
-            raise AssertionError("the body must not run")
+    with atomic_directory(d) as tmp:  # a user's folder is written into; its files are left alone
+        (tmp / "summary.csv").write_text("a\n")
     intact(d)
     f = tmp_path / "file"
     f.write_text("x")
@@ -122,11 +128,13 @@ def test_library_checks(tmp_path):
             check_output_dir(ro / "run")
 
 
-def test_a_folder_filled_while_the_run_worked_is_not_replaced(tmp_path):
+def test_a_folder_filled_while_the_run_worked_keeps_the_users_files(tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(OutputError, match="results are kept in"):
+    with atomic_directory(out) as tmp:
+        (tmp / "summary.csv").write_text("a\n")
+        user_folder(out)
+    assert (out / "thesis.tex").read_text() == "years of work" and (out / "summary.csv").exists()
+    with pytest.raises(OutputError, match="results are kept in"):  # a user's file of a result's name: refused
         with atomic_directory(out) as tmp:
-            (tmp / "summary.csv").write_text("a\n")
-            user_folder(out)
-    intact_files = (out / "thesis.tex").read_text()
-    assert intact_files == "years of work"
+            (tmp / "thesis.tex").write_text("a\n")
+    assert (out / "thesis.tex").read_text() == "years of work"

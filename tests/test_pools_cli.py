@@ -56,11 +56,12 @@ def test_validation_names_the_bad_rows(tmp_path):
     with pytest.raises(PoolError) as err:
         load_pool(path)
     text = str(err.value)
-    assert "row 1 (prompt 0, sample 1)" in text and "row 2 (prompt 0, sample 2)" in text
-    assert "true_reward outside [0, 1]: row 3" in text
-    assert "duplicate (prompt_id, sample_id): row 4" in text
+    # a JSONL pool's problems name the file's lines (1-based), not rows (issue 50)
+    assert "line 2 (prompt 0, sample 1)" in text and "line 3 (prompt 0, sample 2)" in text
+    assert "true_reward outside [0, 1]: line 4" in text
+    assert "duplicate (prompt_id, sample_id): line 5" in text
     out = run("pool", "validate", path)
-    assert out.returncode == 1 and "row 3" in out.stderr
+    assert out.returncode == 1 and "line 4" in out.stderr
     assert "missing required column 'true_reward'" in "\n".join(
         Pool({"prompt_id": np.arange(2), "sample_id": np.arange(2), "reward:x": np.ones(2)}).problems())
 

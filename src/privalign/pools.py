@@ -24,6 +24,8 @@ REWARD_PREFIX = "reward:"
 HEAD_FEATURES_PREFIX = "phi:"  # phi:<reward>:<j>, a certified head's feature coordinates (Pool.head_features)
 REQUIRED = ("prompt_id", "sample_id", "true_reward")
 OPTIONAL_TEXT = ("response", "answer", "prompt")
+NUMERIC = ("true_reward", "logprob", "n_tokens")  # and every reward:<name> and phi:<name>:<j>
+KNOWN = REQUIRED + OPTIONAL_TEXT + NUMERIC  # any other column is the user's own: kept, named by info()
 
 
 class PoolError(ValueError):
@@ -36,11 +38,17 @@ class Pool:
 
     columns: dict[str, np.ndarray]
     metadata: dict = field(default_factory=dict)
+    lines: np.ndarray | None = None  # a JSONL pool's line number of each row (problems name lines, not rows)
 
     # ------------------------------------------------------------------ basic views
     @property
     def n_rows(self) -> int:
         return len(self.columns["prompt_id"])
+
+    @property
+    def extra_columns(self) -> list[str]:
+        """The columns privalign does not read: the user's own (a user_id, a split), kept as they are."""
+        return [c for c in self.columns if c not in KNOWN and not c.startswith((REWARD_PREFIX, HEAD_FEATURES_PREFIX))]
 
     @property
     def reward_names(self) -> list[str]:
@@ -68,7 +76,8 @@ class Pool:
 
     def subset_rows(self, mask: np.ndarray) -> "Pool":
         """The rows where ``mask`` holds (every column), with the same metadata."""
-        return Pool({k: v[mask] for k, v in self.columns.items()}, self.metadata)
+        return Pool({k: v[mask] for k, v in self.columns.items()}, self.metadata,
+                    None if self.lines is None else self.lines[mask])
 
     def grouped(self, reward: str | None = None) -> "GroupedPool":
         """Rows grouped by prompt (stable order): flat arrays plus offsets, read-only.
@@ -112,11 +121,15 @@ class Pool:
         def rows(mask, what):
             bad = np.flatnonzero(mask)
             if bad.size:
-                ids = ", ".join(f"row {i} (prompt {_show(self.columns['prompt_id'][i])}, sample "
-                                f"{_show(self.columns['sample_id'][i])})" for i in bad[:10])
+                ids = ", ".join(self._where(i) for i in bad[:10])
                 more = f" and {bad.size - 10} more" if bad.size > 10 else ""
                 out.append(f"{what}: {ids}{more}")
 
+        for col in ("prompt_id", "sample_id", "response"):
+            if col in self.columns:
+                rows(_missing(self.columns[col]), f"{col} missing or null")
+        if out:  # rows without an identity cannot be grouped or compared
+            return out
         for name in self.reward_names:
             col = _as_float(self.columns[REWARD_PREFIX + name])
             rows(np.isnan(col), f"reward {name!r} missing or NaN")
@@ -126,6 +139,13 @@ class Pool:
         rows((tr < 0) | (tr > 1), "true_reward outside [0, 1]")
         rows(_later_duplicates(self.columns["prompt_id"], self.columns["sample_id"]), "duplicate (prompt_id, sample_id)")
         return out
+
+    def _where(self, i: int) -> str:
+        """Row ``i`` as a user finds it: its line in a JSONL file, else its row, with its prompt and sample."""
+        at = f"line {int(self.lines[i])}" if self.lines is not None else f"row {i}"
+        ident = [f"{c.split('_')[0]} {_show(self.columns[c][i])}" for c in ("prompt_id", "sample_id")
+                 if not _missing(self.columns[c][i:i + 1])[0]]
+        return at + (f" ({', '.join(ident)})" if ident else "")
 
     def validate(self) -> "Pool":
         problems = self.problems()
@@ -146,6 +166,7 @@ class Pool:
             "true_reward": {"mean": float(g.true.mean()),
                             "per_prompt_mean_quartiles": [float(q) for q in np.quantile(per_prompt_acc, [0.25, 0.5, 0.75])]},
             "columns": list(self.columns),
+            "extra_columns": self.extra_columns,
             "metadata": self.metadata,
         }
         for name in self.reward_names:
@@ -275,7 +296,27 @@ def _as_float(col) -> np.ndarray:
     return np.asarray(col, float)
 
 
-def _columns_from_rows(rows: list[dict]) -> dict[str, np.ndarray]:
+def _missing(col) -> np.ndarray:
+    """True where a column has no value: None, or NaN."""
+    col = np.asarray(col)
+    if col.dtype == object:
+        return np.array([v is None or (isinstance(v, float) and math.isnan(v)) for v in col], bool)
+    if col.dtype.kind == "f":
+        return np.isnan(col)
+    return np.zeros(len(col), bool)
+
+
+def _number(v, name: str, line: int):
+    if v is None:
+        return math.nan
+    if isinstance(v, (bool, int, float)):
+        return float(v)
+    raise PoolError(f"invalid pool: line {line}: column {name!r} is {v!r}, not a number")
+
+
+def _columns_from_rows(rows: list[dict], lines: list[int]) -> dict[str, np.ndarray]:
+    """Columns from JSONL rows. privalign's numeric columns (``NUMERIC``, ``reward:``, ``phi:``) must
+    hold numbers or null (else a PoolError names the line); every other column is kept as it is."""
     names: list[str] = []
     for row in rows:
         for k in row:
@@ -284,17 +325,24 @@ def _columns_from_rows(rows: list[dict]) -> dict[str, np.ndarray]:
     cols = {}
     for k in names:
         vals = [row.get(k) for row in rows]
-        if k in REQUIRED[:2] or k in OPTIONAL_TEXT:
-            cols[k] = np.array(vals, dtype=object if any(isinstance(v, str) for v in vals) else None)
+        if k in NUMERIC or k.startswith((REWARD_PREFIX, HEAD_FEATURES_PREFIX)):
+            cols[k] = np.array([_number(v, k, line) for v, line in zip(vals, lines)], dtype=float)
+        elif k in REQUIRED[:2] or k in OPTIONAL_TEXT or not all(
+                v is None or isinstance(v, (bool, int, float)) for v in vals):
+            cols[k] = np.empty(len(vals), dtype=object)
+            cols[k][:] = vals
+            if not any(v is None or isinstance(v, str) for v in vals):  # numbers only: a numeric column
+                cols[k] = np.array(vals)
         else:
             cols[k] = np.array([math.nan if v is None else v for v in vals], dtype=float)
     return cols
 
 
-def _from_authors_layout(records: list[dict]) -> dict[str, np.ndarray]:
-    rows = []
-    for p, rec in enumerate(records):
+def _from_authors_layout(records: list[dict], lines: list[int]) -> tuple[dict[str, np.ndarray], list[int]]:
+    rows, at = [], []
+    for p, (rec, line) in enumerate(zip(records, lines)):
         for s, resp in enumerate(rec.get("responses", [])):
+            at.append(line)
             row = {"prompt_id": p, "sample_id": s, "true_reward": _truth(resp.get("is_correct"))}
             proxy = resp.get("proxy_reward")
             if isinstance(proxy, dict):
@@ -306,7 +354,7 @@ def _from_authors_layout(records: list[dict]) -> dict[str, np.ndarray]:
             if "predicted_answer" in resp:
                 row["answer"] = None if resp["predicted_answer"] is None else str(resp["predicted_answer"])
             rows.append(row)
-    return _columns_from_rows(rows)
+    return _columns_from_rows(rows, at), at
 
 
 def _truth(v):
@@ -316,41 +364,53 @@ def _truth(v):
 
 
 def load_pool(path: str | Path, validate: bool = True) -> Pool:
-    """Read a pool from Parquet or JSONL (long layout, or the paper authors' layout)."""
+    """Read a pool from Parquet or JSONL (long layout, or the paper authors' layout). Anything that
+    keeps it from being read as a pool is a PoolError naming the file (and the line, in JSONL)."""
     path = Path(path)
     if not path.exists():
         raise PoolError(f"pool file not found: {path}")
-    if path.suffix in (".jsonl", ".json"):
-        records = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise PoolError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno}); "
-                                "a JSONL pool has one JSON object per line") from None
-        if records and "responses" in records[0]:
-            cols = _from_authors_layout(records)
-            meta = {"source_format": "authors-jsonl", "source": str(path.name), "true_reward_source": "grader"}
-        else:
-            cols = _columns_from_rows(records)
-            meta = {"source_format": "jsonl", "source": str(path.name)}
-        pool = Pool(cols, meta)
-    else:
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a file that is not Parquet
-            raise PoolError(f"{path} is not a readable Parquet file ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:160]}); pools are Parquet, or JSONL with a .jsonl suffix") from None
-        raw = (table.schema.metadata or {}).get(b"privalign")
-        meta = json.loads(raw) if raw else {}
-        cols = {}
-        for name in table.column_names:
-            col = table.column(name)
-            arr = col.to_numpy(zero_copy_only=False)
-            cols[name] = arr
-        pool = Pool(cols, meta)
+    if path.is_dir():
+        raise PoolError(f"{path} is a folder; a pool is one Parquet file, or JSONL with a .jsonl suffix")
+    try:
+        pool = _read_jsonl(path) if path.suffix in (".jsonl", ".json") else _read_parquet(path)
+    except PoolError:
+        raise
+    except Exception as e:  # any other failure to read it: one line, never a traceback
+        raise PoolError(f"{path} cannot be read as a pool ({type(e).__name__}: {str(e).splitlines()[0][:160]})") \
+            from None
     return pool.validate() if validate else pool
+
+
+def _read_jsonl(path: Path) -> Pool:
+    records, lines = [], []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise PoolError(f"{path}: line {number} is not valid JSON ({e.msg}, column {e.colno}); "
+                            "a JSONL pool has one JSON object per line") from None
+        if not isinstance(records[-1], dict):
+            raise PoolError(f"{path}: line {number} is not a JSON object; a JSONL pool has one object per line")
+        lines.append(number)
+    if records and "responses" in records[0]:
+        cols, at = _from_authors_layout(records, lines)
+        meta = {"source_format": "authors-jsonl", "source": str(path.name), "true_reward_source": "grader"}
+    else:
+        cols, at = _columns_from_rows(records, lines), lines
+        meta = {"source_format": "jsonl", "source": str(path.name)}
+    return Pool(cols, meta, np.asarray(at, np.int64))
+
+
+def _read_parquet(path: Path) -> Pool:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a file that is not Parquet
+        raise PoolError(f"{path} is not a readable Parquet file ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:160]}); pools are Parquet, or JSONL with a .jsonl suffix") from None
+    raw = (table.schema.metadata or {}).get(b"privalign")
+    meta = json.loads(raw) if raw else {}
+    return Pool({name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}, meta)

@@ -51,9 +51,22 @@ def parse_int_list(text: str) -> tuple[int, ...]:
     return tuple(seq)
 
 
-def _progress():
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console)
+def _progress(on_interrupt: Optional[str] = None, info: bool = False):
+    """A progress bar on a terminal; elsewhere a line every 30 s to stderr (done/total, rate, ETA).
+    Ctrl-C prints ``on_interrupt`` (default: nothing was written, a rerun starts over), exit 130."""
+    from . import _progress as P
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               *((TextColumn("{task.fields[info]}"),) if info else ()), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn())
+    return P.progress(console, columns, on_interrupt or P.STARTS_OVER)
+
+
+def _working(description: str):
+    """A spinner on a terminal; elsewhere a line every 30 s that the job still works. Ctrl-C: exit 130."""
+    from . import _progress as P
+
+    return P.working(console, description)
 
 
 def _fail(message: str):
@@ -71,6 +84,38 @@ def _out_dir(out: Path, inputs=()) -> None:
         check_output_dir(out, inputs=inputs)
     except OutputError as e:
         _fail(str(e))
+
+
+def _said_left_alone(out: Path) -> None:
+    """After a run wrote the results folder ``out``: the files there that are not privalign's, kept."""
+    from .._paths import left_alone
+
+    kept = left_alone(out)
+    if kept:
+        console.print(f"left alone in {out} (not privalign's): {', '.join(kept[:10])}"
+                      + (f" and {len(kept) - 10} more" if len(kept) > 10 else ""), markup=False)
+
+
+_HELD: dict = {}  # output -> the function that lets it go (at exit, or when this process takes it again)
+
+
+def _one_writer(out: Path, option: str = "--out") -> None:
+    """Hold ``out`` for this command alone (``_paths.hold_output``) until the process ends; a second
+    run on it is one line naming the holder's pid (exit 2). A command run again in the same process
+    (tests) takes it over from its own earlier run, which has ended."""
+    import atexit
+
+    from .._paths import OutputError, hold_output
+
+    key = Path(out).expanduser().resolve()
+    if key in _HELD:
+        _HELD.pop(key)()
+    try:
+        _HELD[key] = hold_output(out, option=option)
+    except OutputError as e:
+        _fail(str(e))
+    if len(_HELD) == 1:
+        atexit.register(lambda: [_HELD.pop(k)() for k in list(_HELD)])
 
 
 def _out_file(out: Path, kind: str, option: str = "--out") -> None:

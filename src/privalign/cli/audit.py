@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ._app import app
-from ._common import _fail, _out_dir, _train_pool, console
+from ._common import _fail, _out_dir, _train_pool, _working, console
 
 
 def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w: float, noise_factor: float,
@@ -22,7 +22,7 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
     try:
         check_release(m, epsilon_w, delta_w)
         sigma = release_noise_scale(m, epsilon_w, delta_w) * noise_factor
-        with console.status("auditing the release"):
+        with _working("auditing the release"):
             res = audit_release(m, raw, p.columns["prompt_id"], p.columns["true_reward"], epsilon_w=epsilon_w,
                                 delta_w=delta_w, runs=runs, seed=seed,
                                 noise_scale=None if noise_factor == 1.0 else sigma)
@@ -30,11 +30,11 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
         _fail(f"{model}: {e}")
     console.print(f"neighbours: {res['person']}'s {res['persons_pairs']} pairs replaced by {res['canary']}; "
                   f"realised ||w_D - w_D'|| = {res['realised_shift']:.4g}, certified Delta_r = "
-                  f"{res['certified_sensitivity']:.4g} ({res['shift_share']:.1%} of it)")
+                  f"{res['certified_sensitivity']:.4g} ({res['shift_share']:.1%} of it)", markup=False)
     console.print(f"release: sigma = {res['sigma']:.4g} ({res['noise_factor']:g} x the calibrated "
                   f"{res['calibrated_sigma']:.4g}) in d = {res['dimension']}, claimed (epsilon_w, delta_w) = "
                   f"({res['epsilon_w']:g}, {res['delta_w']:g}); projected on w_D' - w_D the draws are N(0, 1) vs "
-                  f"N(mu, 1), mu = {res['mu']:.4g}")
+                  f"N(mu, 1), mu = {res['mu']:.4g}", markup=False)
     rows = [("95% lower bound on epsilon_w", res["epsilon_lower_bound"],
              f"{runs} draws per side, event x {res['direction']} {res['threshold']:.4g} chosen on a pilot of "
              f"{res['pilot_per_side']}: {res['events_D']} under D vs {res['events_D_prime']} under D'"),
@@ -45,7 +45,7 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
             ("true epsilon at Delta_r and sigma", res["epsilon_at_certified_sensitivity"],
              f"the claim is {res['epsilon_w']:g}")]
     for label, value, note in rows:
-        console.print(f"  {label:<36} {value:>8.4g}  ({note})")
+        console.print(f"  {label:<36} {value:>8.4g}  ({note})", markup=False)
     if out:
         from .. import __version__
         from .._paths import write_manifest
@@ -56,7 +56,7 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
         write_json(out / "release-audit.json", {"model": str(model), "pool": str(pool), "seed": seed,
                                                  "privalign_version": __version__,
                                                  "command": "privalign " + " ".join(sys.argv[1:]), **res})
-        console.print(f"wrote {out}/release-audit.json")
+        console.print(f"wrote {out}/release-audit.json", markup=False)
     if res["realised_shift"] > res["certified_sensitivity"]:
         console.print(f"[red]the certificate was exceeded: realised ||w_D - w_D'|| {res['realised_shift']:.4g} > "
                       f"Delta_r {res['certified_sensitivity']:.4g}[/red]")
@@ -65,7 +65,7 @@ def _audit_release(m, model: Path, pool: Path, p, raw, epsilon_w: float, delta_w
         console.print(f"[red]caught: the release's 95% lower bound {res['epsilon_lower_bound']:.4g} exceeds its "
                       f"claimed epsilon_w {res['epsilon_w']:g}[/red]")
         raise typer.Exit(1)
-    console.print(f"the bound stays below the claimed epsilon_w {res['epsilon_w']:g}")
+    console.print(f"the bound stays below the claimed epsilon_w {res['epsilon_w']:g}", markup=False)
 
 
 @app.command()
@@ -116,18 +116,18 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
     if release is not None:
         _audit_release(m, model, pool, p, raw, release, release_delta, noise_factor, runs, seed, out)
         return
-    with console.status("auditing"):
+    with _working("auditing"):
         res = run_audit(m, raw, p.columns["prompt_id"], p.columns["true_reward"], epsilon=epsilon, delta=delta,
                         runs=runs, seed=seed)
     console.print(f"realised max |r_D - r_D'| = {res['realised_sensitivity']:.4g}, certified Delta_r = "
-                  f"{res['certified_sensitivity']:.4g}")
+                  f"{res['certified_sensitivity']:.4g}", markup=False)
     ok = res["realised_sensitivity"] <= res["certified_sensitivity"]
     for r in res["rows"]:
         claimed = r["claimed_epsilon"]
         ok &= r["epsilon_lower_bound"] <= claimed
         console.print(f"  {r['mechanism']:<17} claimed epsilon {claimed:<6.3g} 95% lower bound "
                       f"{r['epsilon_lower_bound']:.3g} ({r['runs_per_side']} runs per side, "
-                      f"{r['successes_D']} vs {r['successes_D_prime']} selections of the target)")
+                      f"{r['successes_D']} vs {r['successes_D_prime']} selections of the target)", markup=False)
     if out:
         from .. import __version__
         from ..report.figures import audit_bars
@@ -140,7 +140,7 @@ def audit(model: Path = typer.Option(..., help="a policy-bt reward model (JSON)"
                                          "seed": seed, "privalign_version": __version__,
                                          "command": "privalign " + " ".join(sys.argv[1:]), **res})
         audit_bars(res["rows"], out)
-        console.print(f"wrote {out}/audit.json and audit.png")
+        console.print(f"wrote {out}/audit.json and audit.png", markup=False)
     if not ok:
         console.print("[red]a lower bound exceeds its claim, or the realised sensitivity its certificate[/red]")
         raise typer.Exit(1)

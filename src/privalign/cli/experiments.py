@@ -7,8 +7,10 @@ from typing import Optional
 
 import numpy as np
 import typer
+from rich.markup import escape
 
 from ._app import app
+from ._common import _said_left_alone
 from ._common import EXECUTOR_HELP, SCHEDULER_HELP, WORKERS_HELP, _check_executor, _fail, _load, _out_dir, _out_file, _progress, console, parse_int_list
 
 
@@ -47,7 +49,7 @@ def simulate(world: str = typer.Argument(..., help="gaussian or hackable"),
     except ValueError as e:
         _fail(str(e))
     pool.save(out)
-    console.print(f"wrote {out}: {pool.n_rows} responses, {prompts} prompts ({world} world, seed {seed})")
+    console.print(f"wrote {out}: {pool.n_rows} responses, {prompts} prompts ({world} world, seed {seed})", markup=False)
 
 
 @app.command()
@@ -115,7 +117,8 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
         share = float(np.mean((scores < rr[0]) | (scores > rr[1])))
         if share > CLIP_WARNING:
             console.print(f"[yellow]warning:[/yellow] {share:.0%} of the scores lie outside --reward-range "
-                          f"{reward_range} and are clipped to it (ties at the edges weaken every selection)")
+                          f"{escape(str(reward_range))} and are clipped to it (ties at the edges weaken every "
+                          "selection)")
     try:
         with _progress() as bar:
             task = bar.add_task("prompts", total=None)
@@ -123,7 +126,8 @@ def evaluate(pool: Path = typer.Argument(..., help="pool (Parquet or JSONL)"),
                          progress=lambda name, done, total: bar.update(task, completed=done, total=total))
     except (PoolError, ValueError) as e:
         _fail(f"{pool}: {e}")
-    console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html")
+    console.print(f"wrote {out}/summary.csv, settings.json, figures and report.html", markup=False)
+    _said_left_alone(out)
 
 
 def _check_draws(p, n_grid, without_replacement: bool) -> None:
@@ -142,8 +146,8 @@ def _check_draws(p, n_grid, without_replacement: bool) -> None:
     more = f" and {int(short.sum()) - 5} more" if short.sum() > 5 else ""
     if without_replacement:
         _fail(f"--without-replacement cannot draw n = {big} from prompts with fewer samples: {names}{more}")
-    console.print(f"[yellow]warning:[/yellow] n = {big} exceeds the samples of {int(short.sum())} prompt(s) "
-                  f"({names}{more}): their candidates are drawn with replacement, so repeats are likely")
+    console.print(f"[yellow]warning:[/yellow] n = {big:d} exceeds the samples of {int(short.sum()):d} prompt(s) "
+                  f"({escape(names + more)}): their candidates are drawn with replacement, so repeats are likely")
 
 
 @app.command()
@@ -155,4 +159,4 @@ def report(results: Path = typer.Argument(..., help="results directory")):
         path = render(results)
     except FileNotFoundError as e:
         _fail(str(e))
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", markup=False)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 
 from ._common import _fail, console
@@ -30,8 +31,8 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
     except UnknownBudget:
         _fail(f"unknown budget {budget!r} in {ledger}")
     b = res["budget"]
-    table = Table(title=f"budget {budget!r} ({b['composition']}, total epsilon {b['epsilon_total']:g}, "
-                        f"delta {b['delta_total']:g}): {b['queries']} settled queries")
+    table = Table(title=escape(f"budget {budget!r} ({b['composition']}, total epsilon {b['epsilon_total']:g}, "
+                        f"delta {b['delta_total']:g}): {b['queries']} settled queries"))
     for col in ("composition", "epsilon", "delta", "rho"):
         table.add_column(col, justify="right")
     for comp, a in res["accounts"].items():
@@ -40,9 +41,21 @@ def ledger_account(ledger: str = typer.Argument(..., help="a SQLite path or post
             note = f" ({a['missing_rho']} charges without a rho)"
         elif a.get("derived_rho"):
             note = f" ({a['derived_rho']} pure charges given epsilon^2/2)"
-        table.add_row(comp + note, "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
+        table.add_row(escape(comp + note), "-" if a["epsilon"] is None else f"{a['epsilon']:.6g}",
                       "-" if a["delta"] is None else f"{a['delta']:.3g}", "-" if a["rho"] is None else f"{a['rho']:.6g}")
-    Console(soft_wrap=True).print(table)
+    _print_table(table)
+
+
+def _print_table(table) -> None:
+    """A table whole: on a terminal, narrow columns fold rather than cut; elsewhere (a pipe, a file)
+    as wide as its widest row, never cut at 80 columns."""
+    out = Console(soft_wrap=True)
+    for col in table.columns:
+        col.overflow = "fold"
+    if not out.is_terminal:
+        out = Console(soft_wrap=True, width=max(80, out.measure(table, options=out.options.update(
+            width=100_000)).maximum))
+    out.print(table)
 
 
 def _open_ledger(ledger: str):
@@ -88,7 +101,9 @@ def ledger_show(ledger: str = typer.Argument(..., help="a SQLite path or postgre
             vals = [b.get(f"{k}_{x}") for x in ("total", "spent", "reserved", "remaining")]
             return (f"{k} " + " / ".join(format(v, fmt) for v in vals)) if vals[0] is not None else None
 
-        amounts = "; ".join(x for x in (four("epsilon", ".6g"), four("delta", ".3g"), four("rho", ".6g")) if x)
+        delta = (four("delta", ".3g") if b.get("delta_spent") is not None else  # zcdp: the conversion's delta
+                 f"delta {b['delta_total']:.3g} (fixed by the zcdp conversion, not spent per query)")
+        amounts = "; ".join(x for x in (four("epsilon", ".6g"), delta, four("rho", ".6g")) if x)
         print(f"{b['name']} ({'tenant ' + b['tenant'] if b['tenant'] else 'model budget'}, {b['composition']}): "
               f"{amounts} (total / spent / reserved / left); {b['queries']} queries, {b['refusals']} refusals, "
               f"{b['open_reservations']} open")
@@ -116,15 +131,15 @@ def ledger_events(ledger: str = typer.Argument(..., help="a SQLite path or postg
     if as_json:
         print(json.dumps({"budget": budget, "events": rows}, indent=2))
         return
-    table = Table(title=f"budget {budget!r}: {len(rows)} events")
+    table = Table(title=escape(f"budget {budget!r}: {len(rows)} events"))
     for c in ("id", "time (UTC)", "kind", "request_id", "epsilon", "delta", "epsilon_max", "rho", "mechanism"):
         table.add_column(c, justify="right" if c in ("id", "epsilon", "delta", "epsilon_max", "rho") else "left")
     for r in rows:
         when = dt.datetime.fromtimestamp(r["time"], dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-        table.add_row(str(r["id"]), when, r["kind"], r["request_id"] or "-", f"{r['epsilon']:.6g}",
+        table.add_row(str(r["id"]), when, escape(r["kind"]), escape(r["request_id"] or "-"), f"{r['epsilon']:.6g}",
                       f"{r['delta']:.3g}", f"{r['epsilon_max']:.6g}", "-" if r["rho"] is None else f"{r['rho']:.6g}",
-                      r["mechanism"] or "-")
-    Console(soft_wrap=True).print(table)
+                      escape(r["mechanism"] or "-"))
+    _print_table(table)
 
 
 @ledger_app.command("check")
@@ -138,7 +153,7 @@ def ledger_check(ledger: str = typer.Argument(..., help="a SQLite path or postgr
                          indent=2))
     elif problems:
         for p in problems:
-            console.print(p, highlight=False)
+            console.print(p, highlight=False, markup=False)
     else:
         print(f"{ledger}: {len(led.budgets())} budgets consistent with their events")
     if problems:

@@ -100,7 +100,7 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
         out.print(f"reward {desc['reward']}: m = {desc['m']} pairs, k = {desc['pairs_per_person']} per person"
                   f"{' (rescaled from ' + str(desc['rescaled_from']) + ')' if 'rescaled_from' in desc else ''}"
                   f", Delta_r = {desc['sensitivity']:.3g} of the range; BoN (n={n}) {refs['bon']:.3f}, "
-                  f"base policy {refs['base']:.3f}")
+                  f"base policy {refs['base']:.3f}", markup=False)
 
 
 def _fmt(v, digits=4):
@@ -137,7 +137,7 @@ def _print_compositions(out, title: str, counts, eps_of: dict, pool: Optional[Pa
     out.print(table)
     if counts and counts.get("zcdp") is not None and counts["zcdp"] < counts["basic"]:
         out.print(f"zcdp admits fewer queries than basic here ({counts['zcdp']} < {counts['basic']}): its "
-                  "conversion costs more than it saves at large epsilons per query and small totals")
+                  "conversion costs more than it saves at large epsilons per query and small totals", markup=False)
     return acc, refs
 
 
@@ -204,16 +204,28 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
     out.print(NOT_COVERED)
     r0 = rows[0]
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
-              f"{head.persons} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}")
+              f"{head.persons} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}", markup=False)
     if target_share is not None:
         _print_pairs_for_share(out, head, p, phi, eps_list, delta_total, target_share, tail, n, draws, seed, k)
         _print_epsilon_for_share(out, head, p, phi, delta_total, target_share, tail, n, draws, seed)
     best = max((v, c) for c, v in (per_query or {}).items() if v is not None) if per_query else None
     full = next((r for r in rows if r["epsilon"] == epsilon_total), None)
     if best is not None and full is not None:
-        mode = "release then BoN" if full["p5"] >= best[0] else f"per-query noise ({best[1]})"
-        out.print(f"recommended: {mode} (release at the whole budget: {full['mean']:.3f} on average, "
-                  f"{full['p5']:.3f} at the 5th percentile; per-query at its best {best[0]:.3f})")
+        out.print(_recommendation(full, best, r0["base"]), markup=False)
+
+
+def _recommendation(full: dict, best: tuple, base: float) -> str:
+    """Which mode to use: only one that beats the base policy (the release on average, per-query noise
+    at its best); of two, the release when its 5th percentile is at least per-query's; else neither."""
+    release_wins, per_query_wins = full["mean"] > base, best[0] > base
+    said = (f"release at the whole budget: {full['mean']:.4g} on average, {full['p5']:.4g} at the 5th "
+            f"percentile; per-query at its best {best[0]:.4g} ({best[1]}); base policy {base:.4g}")
+    if not (release_wins or per_query_wins):
+        return (f"recommended: neither: no mode beats the base policy ({said}); serve the base policy, or "
+                "plan with a larger budget or more preference data")
+    if release_wins and (not per_query_wins or full["p5"] >= best[0]):
+        return f"recommended: release then BoN ({said})"
+    return f"recommended: per-query noise ({best[1]}) ({said})"
 
 
 def _head_phi(head, p, pool: Path) -> np.ndarray:
@@ -248,16 +260,18 @@ def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, targ
             r = got["result"]
             if r["share_mean"] is None:
                 out.print(f"BoN with the exact head has no lift on this pool ({r['bon']:.3f} against the base "
-                          f"policy's {r['base']:.3f}): no amount of preference data makes a release keep a share of it")
+                          f"policy's {r['base']:.3f}): no amount of preference data makes a release keep a share of it",
+                          markup=False)
                 break
             if got["pairs"] is None:
                 out.print(f"epsilon_w {e:g}: even {head.persons * 10_000 * k}"
                           f" pairs do not keep {target_share:.0%} of the lift ({r['share_mean']:.0%} on average, "
-                          f"{r['share_p5']:.0%} at the 5th percentile)")
+                          f"{r['share_p5']:.0%} at the 5th percentile)", markup=False)
             else:
                 out.print(f"epsilon_w {e:g}: {got['pairs']} pairs ({got['persons']} persons of k = {k}) keep "
                           f"{r['share_mean']:.0%} of the lift on average and {r['share_p5']:.0%} at the 5th "
-                          f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)")
+                          f"percentile (target {target_share:.0%} / {tail:.0%}; noise only, w held fixed)",
+                          markup=False)
 
 
 def _print_epsilon_for_share(out, head, p, phi, delta_total: float, target_share: float, tail: float, n: int,
@@ -271,12 +285,13 @@ def _print_epsilon_for_share(out, head, p, phi, delta_total: float, target_share
                                 target_share, tail, n, draws, seed, phi=phi)
     r, persons = got["at"], head.persons
     if r["share_mean"] is None:
-        out.print(f"with its own {persons} persons: BoN has no lift on this pool, so no epsilon_w keeps a share of it")
+        out.print(f"with its own {persons} persons: BoN has no lift on this pool, so no epsilon_w keeps a share of it",
+                  markup=False)
     elif got["met"]:
         out.print(f"with its own {persons} persons: the smallest epsilon_w that keeps {target_share:.0%} / {tail:.0%} "
                   f"is {got['epsilon_w']:.3g} ({r['share_mean']:.0%} on average, {r['share_p5']:.0%} at the 5th "
-                  f"percentile; bisection to 5%)")
+                  f"percentile; bisection to 5%)", markup=False)
     else:
         out.print(f"with its own {persons} persons: not even epsilon_w = {got['bounds'][1]:g} keeps "
                   f"{target_share:.0%} / {tail:.0%} ({r['share_mean']:.0%} on average, {r['share_p5']:.0%} at the "
-                  f"5th percentile)")
+                  f"5th percentile)", markup=False)

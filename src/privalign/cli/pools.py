@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from ._common import _load, console
 
@@ -39,12 +40,12 @@ def pool_validate(pool: Path):
     try:
         p = load_pool(pool, validate=False)
     except Exception as e:  # unreadable file: invalid, as documented (exit 1)
-        console.print(f"[red]{pool} is invalid:[/red] {e}")
+        console.print(f"[red]{escape(str(pool))} is invalid:[/red] {escape(str(e))}")
         raise typer.Exit(1)
     problems = p.problems()
     if problems:
-        console.print(f"[red]{pool} is invalid:[/red]")
+        console.print(f"[red]{escape(str(pool))} is invalid:[/red]")
         for line in problems:
-            console.print(f"  - {line}")
+            console.print(f"  - {line}", markup=False)
         raise typer.Exit(1)
-    console.print(f"{pool}: valid ({p.n_rows} responses, {len(p.reward_names)} reward column(s))")
+    console.print(f"{pool}: valid ({p.n_rows} responses, {len(p.reward_names)} reward column(s))", markup=False)

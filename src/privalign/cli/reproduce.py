@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from ._app import app
+from ._common import _one_writer, _said_left_alone
 from ._common import EXECUTOR_HELP, SCHEDULER_HELP, WORKERS_HELP, _check_executor, _fail, _load, _out_dir, _progress, console
 
 
@@ -50,6 +51,7 @@ def reproduce(pool: Optional[Path] = typer.Option(None, help="pool (default: the
     if pool and task:
         _fail("give --pool or --task, not both")
     _out_dir(out, inputs=[pool, audit, release_head])
+    _one_writer(out)
     try:
         target_eps = tuple(float(v) for v in targets.split(",") if v.strip())
         if not target_eps or min(target_eps) <= 0:
@@ -125,6 +127,7 @@ def _reproduce_large(pool, task, reward, eps, replicates, seed, workers, executo
     body = json.loads((out / "large_n.json").read_text())
     console.print("\n".join([f"wrote {out} (open {out}/report.html)",
                               *(f"- {claim_sentence(sm)}" for sm in body["studies"])]), markup=False)
+    _said_left_alone(out)
 
 
 def _study_head(p, path: Optional[Path], embedded: bool, reward: Optional[str]):
@@ -182,4 +185,5 @@ def _print_headline(out: Path) -> None:
 
     h = json.loads((out / "headline.json").read_text())
     console.print("\n".join([f"wrote {out} (open {out}/report.html); base accuracy {h['base_accuracy']:.3g}",
-                              *(f"- {line}" for line in headline_sentences(h))]))
+                              *(f"- {line}" for line in headline_sentences(h))]), markup=False)
+    _said_left_alone(out)

@@ -36,15 +36,30 @@ def serve(config: Optional[Path] = typer.Option(None, help="TOML config (default
     except ValueError as e:
         _fail(str(e))
     sock = _bind(host, port)  # before any model loads and before the ledger (or its folder) is created
-    from ..server.config import prepare_ledger
+    from ..server.config import check_ledger_path
+    from ..server.startup import cheap_reward, preflight
 
+    try:  # every check that needs no model, before anything is loaded or created (issue 50)
+        check_ledger_path(cfg.ledger)
+        preflight(cfg, cheap_reward(cfg))
+    except ValueError as e:
+        _fail(str(e))
+    service = _service(cfg) if workers == 1 else None  # its own checks run before it opens the ledger
     try:
-        prepare_ledger(cfg.ledger)
-        budgets, model, notes = _ledger_settings(cfg)
+        budgets, model, notes = _ledger_settings(cfg, service)
     except ValueError as e:
         _fail(str(e))
     _print_banner(cfg, config, host, port, workers, budgets, model, notes, unit)
-    _run(cfg, config, sock, host, port, workers)
+    _run(cfg, config, sock, host, port, workers, service)
+
+
+def _service(cfg):
+    from ..server.app import Service
+
+    try:
+        return Service(cfg)
+    except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
+        _fail(f"cannot start: {e}")
 
 
 def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: int, budgets, model, notes,
@@ -61,8 +76,7 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                      else "; ")
                   + f"requests name the model {cfg.served_model_name!r}"
                   + "".join(f" (or {a!r})" for a in cfg.model_aliases) + "\n"
-                  f"  reward: {cfg.reward.kind} {Path(cfg.reward.path).resolve() if cfg.reward.path else ''}"
-                  f" (unit of privacy: {unit})\n"
+                  f"  reward: {_reward_shown(cfg)} (unit of privacy: {unit})\n"
                   + ("  opt-in: [reward] allow_pair_unit = true serves a pair-unit head: the guarantee below is per "
                      "preference pair, not per person\n" if unit == "pair" and cfg.reward.allow_pair_unit else "")
                   + f"  mechanism: {cfg.mechanism.name}, n = {cfg.mechanism.n}\n"
@@ -76,15 +90,27 @@ def _print_banner(cfg, config: Optional[Path], host: str, port: int, workers: in
                      f"  no model budget: {subject} gets only the sum over all budgets "
                      f"(epsilon {sum(b.total.epsilon for b in budgets):g} now, more with each budget created)\n")
                   + "".join(f"  note: {n}\n" for n in notes)
-                  + f"  keys {keys}")
+                  + f"  keys {keys}", markup=False)
     if not config:
-        console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}")
+        console.print(f"  admin key: {cfg.admin_keys[0]}\n  client key: {next(iter(cfg.clients))}", markup=False)
     if cfg.generator.backend in ("transformers", "llamacpp") and cfg.token_cap > 64 and not _has_gpu():
-        console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap} on an embedded model without a GPU: "
-                      f"a request of n = {cfg.mechanism.n} can take minutes (docs/deploy.md, latency on a CPU)")
+        console.print(f"[yellow]warning:[/yellow] max_tokens cap {cfg.token_cap:d} on an embedded model without a GPU: "
+                      f"a request of n = {cfg.mechanism.n:d} can take minutes (docs/deploy.md, latency on a CPU)")
 
 
-def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int) -> None:
+def _reward_shown(cfg) -> str:
+    """The reward model's kind and file (absolute); the embedded default's file when none is named."""
+    r = cfg.reward
+    if r.path:
+        return f"{r.kind} {Path(r.path).resolve()}"
+    if r.kind == "minilm-bt":
+        from importlib import resources
+
+        return f"minilm-bt {resources.files('privalign') / 'data' / 'arithmetic-minilm-bt.json'} (the embedded default)"
+    return r.kind
+
+
+def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int, service=None) -> None:
     """uvicorn on the bound socket (one worker), or ``workers`` processes that bind it themselves."""
     import os
 
@@ -100,28 +126,32 @@ def _run(cfg, config: Optional[Path], sock, host: str, port: int, workers: int) 
     else:
         from ..server.http import create_app
 
-        try:
-            web = create_app(cfg)
-        except (ValueError, OSError) as e:  # e.g. the model budget cannot cover the range release
-            _fail(f"cannot start: {e}")
+        web = create_app(cfg, service)
         uvicorn.Server(uvicorn.Config(web, host=host, port=port, **UVICORN)).run(sockets=[sock])
 
 
-def _ledger_settings(cfg):
+def _ledger_settings(cfg, service=None):
     """(tenant budgets, the model budget or None, notes) as the ledger holds them once this config is
-    applied (``server.deployment.configure``): the banner shows the ledger, not the config."""
+    applied (``server.deployment.configure``, by ``service`` or here): the banner shows the ledger,
+    not the config."""
     from ..ledger import Ledger
+    from ..server.config import prepare_ledger
     from ..server.deployment import configure
 
-    try:
-        led = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
-    except Exception as e:
-        raise ValueError(f"ledger: cannot open {cfg.ledger} ({type(e).__name__}: {e})") from None
-    try:
-        d = configure(led, cfg)
+    if service is not None:
+        led, d = service.ledger, service.deployment
         states = led.budgets()
-    finally:
-        led.close()
+    else:
+        prepare_ledger(cfg.ledger)
+        try:
+            led = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
+        except Exception as e:
+            raise ValueError(f"ledger: cannot open {cfg.ledger} ({type(e).__name__}: {e})") from None
+        try:
+            d = configure(led, cfg)
+            states = led.budgets()
+        finally:
+            led.close()
     model = next((b for b in states if b.name == d.model_budget), None)
     return [b for b in states if b.name != d.model_budget], model, d.notes
 

@@ -27,7 +27,8 @@ def plan_base(pool: Pool, reward: str | None = None, pairs: int | None = None, d
     (settings, a description of the model)."""
     s = declared_reward(pool, EvalSettings(reward=reward, delta=delta, beta=beta, max_rounds=max_rounds))
     if s.sensitivity is None:
-        raise ValueError(f"the pool records no certified sensitivity for reward {s.reward!r}: plan needs a certified "
+        name = s.reward or pool.metadata.get("default_reward") or (pool.reward_names or ["(none)"])[0]
+        raise ValueError(f"the pool records no certified sensitivity for reward {name!r}: plan needs a certified "
                          "reward model (policy-bt, minilm-bt)")
     info = pool.metadata["reward_model_info"][s.reward]
     m0 = (info.get("certificate") or {}).get("m")

@@ -22,6 +22,10 @@ class BudgetExhausted(Exception):
         super().__init__(msg)
 
 
+ZCDP_DELTA = ("zcdp: delta_total is fixed by the conversion of the rho spent to (epsilon, delta), not spent query "
+              "by query: whatever is spent, the budget's guarantee is (epsilon_spent, delta_total)-DP")
+
+
 class UnknownBudget(KeyError):
     pass
 
@@ -74,8 +78,9 @@ class BudgetState:
                "epsilon_reserved": self.reserved.epsilon, "delta_reserved": self.reserved.delta,
                "epsilon_remaining": self.remaining.epsilon, "delta_remaining": self.remaining.delta,
                "queries": self.queries, "refusals": self.refusals, "open_reservations": self.open}
-        if self.zcdp:
-            out.update(rho_total=self.rho_total, rho_spent=self.spent_rho, rho_reserved=self.reserved_rho,
+        if self.zcdp:  # delta is the conversion's, fixed: shown once, with what it means (ZCDP_DELTA)
+            out.update(delta_spent=None, delta_reserved=None, delta_remaining=None, delta_meaning=ZCDP_DELTA,
+                       rho_total=self.rho_total, rho_spent=self.spent_rho, rho_reserved=self.reserved_rho,
                        rho_remaining=self.remaining_rho)
         return out
 

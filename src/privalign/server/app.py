@@ -29,12 +29,13 @@ from ..accounting._rounding import snap_up
 from ..backends.base import BackendError
 from ..ledger import BudgetExhausted, Ledger
 from ..rewards import RewardModel
-from .config import ServiceConfig
+from .config import ServiceConfig, prepare_ledger
 from .deployment import configure
 from .charges import charge_range_release, charge_release, check_unit, guarantee, reward_unit
 from .errors import ApiError
 from .metrics import ServiceMetrics
 from .settlement import Settlement
+from .startup import preflight
 from .requests import RequestRules
 from .selection import Selector
 
@@ -155,8 +156,10 @@ def response_body(request_id, o, chosen, sel, generated, usage, token_lp, charge
         **({"rho_charged": shown(A.charge_rho(o["event"].rho, cost, o["epsilon_max"])), "accounting": ZCDP_NOTE}
            if state.zcdp else {}),
         "composition": state.composition, "budget": o["budget"],
-        "budget_remaining": {"epsilon": shown(state.remaining.epsilon), "delta": shown(state.remaining.delta),
-                             **({"rho": shown(state.remaining_rho)} if state.zcdp else {})}}}
+        # zcdp: delta is the conversion's (fixed), not spent or left: epsilon and rho are what is left
+        "budget_remaining": {"epsilon": shown(state.remaining.epsilon),
+                             **({"rho": shown(state.remaining_rho)} if state.zcdp else
+                                {"delta": shown(state.remaining.delta)})}}}
 
 
 class Service:
@@ -164,33 +167,28 @@ class Service:
 
     def __init__(self, cfg: ServiceConfig, generator=None, reward: RewardModel | None = None):
         self.cfg = cfg
-        if reward is not None:
-            check_unit(cfg, reward_unit(reward))
-        else:
-            from .charges import file_unit
-
-            check_unit(cfg, file_unit(cfg.reward.kind, cfg.reward.path))
+        self.reward = reward or build_reward(cfg)
+        check_unit(cfg, reward_unit(self.reward))  # a pair-unit head only with the opt-in
+        self.generator = generator or build_generator(cfg)
+        preflight(cfg, self.reward)  # every start-up check, before the ledger is opened or created
+        prepare_ledger(cfg.ledger)  # its folder, created only now
         self.ledger = Ledger(cfg.ledger, synchronous=cfg.ledger_synchronous, lease=cfg.ledger_lease_s)
         self.ledger.heartbeat()
         self.settlement = Settlement(self.ledger, cfg.ledger_lease_s)  # heartbeat, recovery, retried settlements
         self.deployment = configure(self.ledger, cfg)  # the ledger's settings win over this config's
-        self.generator = generator or build_generator(cfg)
         # the answer's per-token log-probabilities under the policy (OpenAI's logprobs), where the
         # backend computes them (transformers): the policy does not read D, so they are post-processing
         self.token_logprobs = getattr(getattr(self.generator, "generator", self.generator), "token_logprobs", None)
-        self.reward = reward or build_reward(cfg)
         self.model_budget = self.deployment.model_budget
         self.release_charged = False
         self.released = bool(getattr(self.reward, "released", False))
-        if self.released or cfg.mechanism.name == "released-bon":
-            self.release_charged = charge_release(self.ledger, cfg, self.reward, self.model_budget)
+        if self.released:
+            self.release_charged = charge_release(self.ledger, self.reward, self.model_budget)
         elif self.model_budget is not None:
             self.release_charged = charge_range_release(self.ledger, self.reward, self.model_budget)
         lo, hi = self.reward.output_range
         if self.released:  # BoN reads only the order of the scores: no range, no per-query sensitivity
             lo, hi = -math.inf, math.inf
-        elif not (math.isfinite(lo) and math.isfinite(hi)):
-            raise ValueError("the reward model needs a finite declared output_range in the config")
         self.range = (lo, hi)
         self.sensitivity = None if self.released else self.reward.sensitivity or (hi - lo)
         self.requests = RequestRules(cfg, self.ledger, self.deployment.tenant_budget, self.model_budget, self.released,

@@ -12,35 +12,32 @@ import numpy as np
 
 from .. import accounting as A
 from ..ledger import BudgetExhausted, Ledger
-from .config import ServiceConfig
 
 
-def charge_release(ledger: Ledger, cfg: ServiceConfig, head, mb: str | None) -> bool:
-    """Record a released head's one-time cost (epsilon_w, delta_w; rho = Delta_r^2 / (2 sigma^2))
-    in the model budget, once per release across restarts and replicas; refuse a second release
-    of the same head into the same model budget, and a released head served any other way."""
-    if not getattr(head, "released", False):
-        raise ValueError(f"[mechanism] name = 'released-bon' needs a released head (privalign rm release), got "
-                         f"the reward model {getattr(head, 'name', type(head).__name__)!r}")
-    if cfg.mechanism.name != "released-bon":
-        raise ValueError(f"a released head serves with [mechanism] name = 'released-bon' (its queries are "
-                         f"post-processing), got {cfg.mechanism.name!r}: per-query noise is for the exact head")
-    if mb is None:
-        raise ValueError("a released head needs a [model_budget], where its one-time cost is recorded once")
+def release_event(head) -> A.PrivacyEvent:
+    """A released head's one-time cost (epsilon_w, delta_w; rho = Delta_r^2 / (2 sigma^2))."""
     g = head.release
-    prefix = f"release:{g['head_id']}:"
-    others = {e["request_id"] for e in ledger.events(mb) if e["kind"] == "release"
-              and str(e["request_id"]).startswith(prefix) and e["request_id"] != prefix + head.release_id}
-    if others:
-        raise ValueError(f"head {g['head_id']} was already released into the model budget {mb!r} (release "
-                         f"{sorted(others)[0].split(':')[2]}); releasing it again ({head.release_id}) would "
-                         "spend epsilon_w twice: serve the first release's file")
-    event = A.PrivacyEvent("gaussian-release", float(g["epsilon"]), float(g["delta"]),
-                           rho=(float(g["sensitivity"]) / float(g["sigma"])) ** 2 / 2,
-                           params=(("sensitivity", float(g["sensitivity"])), ("sigma", float(g["sigma"]))))
+    return A.PrivacyEvent("gaussian-release", float(g["epsilon"]), float(g["delta"]),
+                          rho=(float(g["sensitivity"]) / float(g["sigma"])) ** 2 / 2,
+                          params=(("sensitivity", float(g["sensitivity"])), ("sigma", float(g["sigma"]))))
+
+
+def release_key(head) -> str:
+    return f"release:{head.release['head_id']}:{head.release_id}"
+
+
+def range_key(reward) -> str:
+    return f"range-release:{_fingerprint(reward)}"
+
+
+def charge_release(ledger: Ledger, head, mb: str) -> bool:
+    """Record a released head's one-time cost in the model budget, once per release across restarts
+    and replicas (``startup.preflight`` has refused a second release of the same head, a released
+    head served any other way, and a release the model budget cannot cover)."""
     try:
-        return ledger.charge_once(mb, prefix + head.release_id, event)
-    except BudgetExhausted as e:
+        return ledger.charge_once(mb, release_key(head), release_event(head))
+    except BudgetExhausted as e:  # another replica charged the budget in between
+        g = head.release
         raise ValueError(f"the model budget {mb!r} cannot cover the head's one-time release (epsilon "
                          f"{g['epsilon']:g}, delta {g['delta']:g}): {e}") from None
 
@@ -52,7 +49,7 @@ def charge_range_release(ledger: Ledger, reward, model_budget: str) -> bool:
     if release <= 0:
         return False
     try:
-        return ledger.charge_once(model_budget, f"range-release:{_fingerprint(reward)}",
+        return ledger.charge_once(model_budget, range_key(reward),
                                   A.pure_event(release, "range-release"))
     except BudgetExhausted as e:
         raise ValueError(f"the model budget {model_budget!r} cannot cover the reward model's one-time "

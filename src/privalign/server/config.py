@@ -180,6 +180,11 @@ class MechanismConfig(_Section):
     # (docs/experiments.md). A request may ask for its own T up to max_rounds_max (default max_rounds).
     max_rounds: int = Field(16, ge=1)
     max_rounds_max: int | None = Field(None, ge=1)
+    # the most one request may cost (its worst-case epsilon, and delta), whatever its privalign options:
+    # a request above it is a 400 and charges nothing. Default: what a request with this section's
+    # options may cost (at any n up to max_n, either mechanism), so only less noise is refused
+    epsilon_max: float | None = Field(None, gt=0)
+    delta_max: float | None = Field(None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _rounds_bound(self):
@@ -197,6 +202,9 @@ class BudgetConfig(_Section):
     delta_total: float = Field(1e-6, ge=0, lt=1)
     # fsrc | basic | zcdp (rho against the rho_total that (epsilon_total, delta_total) allows; docs/accounting.md)
     composition: Literal["fsrc", "basic", "zcdp"] = "fsrc"
+    # this budget's own per-request ceiling, below [mechanism] epsilon_max / delta_max (the lower one holds)
+    epsilon_max: float | None = Field(None, gt=0)
+    delta_max: float | None = Field(None, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _zcdp_needs_a_delta(self):
@@ -331,6 +339,7 @@ def resolve_model_path(path: str, config_dir: Path | None) -> str:
     else:
         tried = ([config_dir / p] if config_dir else []) + [Path.cwd() / p,
                                                              Path(str(resources.files("privalign") / "data")) / p]
+        tried = list(dict.fromkeys(t.resolve() for t in tried))  # a config beside the working directory: once
     for candidate in tried:
         if candidate.is_file():
             return str(candidate)
@@ -350,22 +359,38 @@ def resolve_ledger_path(ledger: str, config_dir: Path | None) -> str:
     return str(p if p.is_absolute() else (config_dir or Path.cwd()) / p)
 
 
-def prepare_ledger(ledger: str) -> None:
-    """Make sure a SQLite ledger can be opened: its folder is created if missing; a ValueError names
-    the path and why not otherwise (one line, before the service opens anything)."""
+def check_ledger_path(ledger: str) -> None:
+    """A ValueError (one line, naming the path and why) when a SQLite ledger could not be opened:
+    a folder, a folder that cannot be created, a file or folder this user cannot write. Creates nothing."""
     if is_url(ledger):
         return
     path = Path(ledger)
     if path.is_dir():
         raise ValueError(f"ledger: {path} is a folder; name a file in it, e.g. {path / 'privalign-ledger.db'}")
     folder = path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({existing} is a file)")
+    if existing != folder and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({existing} is not writable by "
+                         "this user)")
+    if existing == folder and (not os.access(folder, os.W_OK | os.X_OK)
+                               or (path.exists() and not os.access(path, os.R_OK | os.W_OK))):
+        raise ValueError(f"ledger: {path if path.exists() else folder} is not writable by this user")
+
+
+def prepare_ledger(ledger: str) -> None:
+    """Make sure a SQLite ledger can be opened: its folder is created if missing; a ValueError names
+    the path and why not otherwise (one line, before the service opens anything)."""
+    check_ledger_path(ledger)
+    if is_url(ledger):
+        return
+    folder = Path(ledger).parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"ledger: cannot create the folder {folder} for {path} ({e.strerror or type(e).__name__})") \
+        raise ValueError(f"ledger: cannot create the folder {folder} for {ledger} ({e.strerror or type(e).__name__})") \
             from None
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
-        raise ValueError(f"ledger: {path if path.exists() else folder} is not writable by this user")
 
 
 def load_config(path: str | Path | None) -> ServiceConfig:

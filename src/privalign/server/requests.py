@@ -28,6 +28,21 @@ def _privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, max_rou
     return A.privitp_event(n, beta, sigma_x, sigma_z, delta, sensitivity, r_max, max_rounds=max_rounds)
 
 
+def check_ceiling(ceiling: tuple[float, float], own: tuple, o: dict, ext: dict) -> None:
+    """The per-request ceiling (epsilon_max, delta_max): the mechanism's, or the budget's ``own`` where
+    lower; a 400 that names it, before anything is reserved, so nothing is charged."""
+    for i, (key, asked) in enumerate((("epsilon", o["epsilon_max"]), ("delta", o["delta"]))):
+        cap, where = ceiling[i], f"[mechanism] {key}_max"
+        if own[i] is not None and own[i] < cap:
+            cap, where = own[i], f"budget {o['budget']!r}'s {key}_max"
+        if asked > cap * (1 + 1e-9):
+            param = next((f"privalign.{k}" for k in (key, "noise_scale", "sigma_x", "sigma_z", "beta") if k in ext),
+                         "privalign")
+            raise ApiError(400, "invalid_request", f"this query's worst-case {key} {asked:.6g} is over the "
+                                                   f"per-request ceiling {key}_max = {cap:g} ({where}); nothing "
+                                                   "was charged: ask for less (more noise)", param=param)
+
+
 class RequestRules:
     """The service's rules for one request, fixed at start-up: the config, the reward model's range
     and per-query sensitivity (None for a released head), and the budgets as the ledger holds them."""
@@ -37,6 +52,27 @@ class RequestRules:
         self.cfg, self.ledger, self.tenant_budget, self.model_budget = cfg, ledger, tenant_budget, model_budget
         self.released, self.sensitivity, self.range, self.has_logprobs = released, sensitivity, reward_range, has_logprobs
         self._tenant_of: dict[str, tuple] = {}
+        self.ceiling = None if released else self._default_ceiling()
+        self._own_ceiling = {b.name: (b.epsilon_max, b.delta_max) for b in cfg.budgets}
+
+    def _default_ceiling(self) -> dict[str, tuple[float, float]]:
+        """Per mechanism, [mechanism] epsilon_max and delta_max, else the most a request of that
+        mechanism with the configured options may cost, at n = max_n and the most Phase-2 rounds a
+        request may ask for: only less noise than configured is refused."""
+        d = self.cfg.mechanism
+        rounds = min(d.max_rounds if d.max_rounds_max is None else d.max_rounds_max, self.cfg.max_n)
+        out = {}
+        for ext in ({"mechanism": "privbon"}, {"mechanism": "privitp", "max_rounds": rounds}):
+            eps = d.epsilon_max
+            if eps is None:
+                o = self._checked({**ext, "n": self.cfg.max_n})
+                try:
+                    self._mechanism(o, ext)
+                    eps = o["epsilon_max"]
+                except ValueError:
+                    eps = math.inf
+            out[ext["mechanism"]] = (eps, d.delta if d.delta_max is None else d.delta_max)
+        return out
 
     def check_sampling(self, max_tokens, temperature, logprobs) -> None:
         """max_tokens a positive integer within the cap, temperature in (0, 2], logprobs only where the
@@ -96,6 +132,8 @@ class RequestRules:
             raise ApiError(400, "invalid_request", "this setting's worst-case epsilon is unbounded (the noise is too "
                                                    "small to account for); use more noise", epsilon_max="inf")
         o["budget"] = self._budget(ext.get("budget"), tenant)
+        if self.ceiling is not None:
+            check_ceiling(self.ceiling[o["mechanism"]], self._own_ceiling.get(o["budget"], (None, None)), o, ext)
         return o
 
     def _checked(self, ext: dict) -> dict:
