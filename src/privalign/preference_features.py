@@ -27,8 +27,18 @@ FLUSH_EVERY = 256
 
 
 def cache_path(table: PreferenceTable, model: str) -> Path:
+    """Beside the file (``FILE.features-MODEL.npz``), or under ~/.cache/privalign/features/ when the
+    file's folder cannot be written (an installed package's data, say)."""
+    import os
+
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model)
-    return table.source.with_name(f"{table.source.name}.features-{safe}.npz")
+    name = f"{table.source.name}.features-{safe}.npz"
+    if os.access(table.source.parent, os.W_OK):
+        return table.source.with_name(name)
+    folder = Path.home() / ".cache" / "privalign" / "features"
+    folder.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.blake2b(str(table.source.resolve()).encode(), digest_size=6).hexdigest()
+    return folder / f"{digest}-{name}"
 
 
 def text_key(model: str, messages: list[dict], response: str) -> str:
