@@ -62,7 +62,8 @@ def _canary_setting(model: PolicyBTReward, raw, prompt_ids, correct):
     def with_canary(a, b):
         u = (phi[b] - phi[a]) / np.linalg.norm(phi[b] - phi[a])
         # one person's samples replaced by extreme ones, whose pairs push along u (data level)
-        nb = apply(Edit("extreme", str(base.data.person[0]), u), raw, prompt_ids, correct, base.feature_map)
+        person = str(np.asarray(prompt_ids, str)[base.data.chosen[0]])  # the rows of D's first pair's person
+        nb = apply(Edit("extreme", person, u), raw, prompt_ids, correct, base.feature_map)
         t = retrain(model, nb.raw, nb.prompt_ids, nb.correct, neighbour=True, choices=choices)
         if t.settings != base.settings:  # cannot happen: the choice does not read D (train_procedure)
             raise RuntimeError(f"the canary changed the chosen settings {base.settings} -> {t.settings}")

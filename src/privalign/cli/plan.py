@@ -201,7 +201,7 @@ def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta
             share = ("-" if r["share_mean"] is None else f"{r['share_mean']:.0%} / {r['share_p5']:.0%}")
             table.add_row(f"{e:g}", f"{r['mean']:.3f}", f"{r['p5']:.3f}", share)
     out.print(table)
-    out.print(NOT_COVERED)
+    out.print(NOT_COVERED, markup=False)
     r0 = rows[0]
     out.print(f"exact head: BoN (n={n}) {r0['bon']:.3f}, base policy {r0['base']:.3f}; P = "
               f"{head.persons} persons, k = {head.k}, Delta_r = {head.sensitivity:.3g}", markup=False)

@@ -41,10 +41,11 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                       "each half with the candidate trained on the other "
                                                       "(cross-fitted)"),
              pairs_per_prompt: int = typer.Option(64, help="policy: at most this many pairs per train prompt"),
-             pairs_per_person: Optional[int] = typer.Option(None, "--pairs-per-person", "--max-pairs-per-person",
-                                                            help="k: at most this many pairs per person "
+             pairs_per_person: Optional[int] = typer.Option(None, help="k: at most this many pairs per person "
                                                                        "(policy: a person is a train prompt's grader, "
                                                                        "default 16, the excess dropped; minilm: 1)"),
+             max_pairs_per_person: Optional[int] = typer.Option(None, hidden=True,
+                                                                help="the same as --pairs-per-person"),
              max_persons: Optional[int] = typer.Option(None, help="policy: keep a seeded random P of D's persons "
                                                                   "(a smaller deployment)"),
              release_epsilon: Optional[float] = typer.Option(None, help="policy: also release the head once with "
@@ -70,6 +71,7 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     """Train a certified Bradley-Terry reward model and print its certificate."""
     _out_file(out, "model")
     _out_file(private_path(out), "model")
+    pairs_per_person = pairs_per_person if max_pairs_per_person is None else max_pairs_per_person
     if preferences is not None:
         from .rm_preferences import train_from_preferences
 
@@ -118,9 +120,9 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
     lo, hi = model.output_range
     console.print(f"wrote {out}: {len(prompts)} pairs, lambda = {lam_value:g} (given, not chosen on D), "
                   f"certified Delta_r = {model.sensitivity:.4g} on output range [{lo:.3g}, {hi:.3g}] "
-                  f"({model.sensitivity / (hi - lo):.3%} of its width); keep it with the operator")
+                  f"({model.sensitivity / (hi - lo):.3%} of its width); keep it with the operator", markup=False)
     console.print(f"wrote {private} (private: what the head learnt from D, with no privacy; nothing read from D "
-                  "is printed here)")
+                  "is printed here)", markup=False)
 
 
 def _grid_values(name: str, text: Optional[str], parse=parse_float_list):
@@ -175,9 +177,9 @@ def _rm_train_policy(task, pool, grid, pairs_per_prompt, pairs_per_person, targe
         f"chosen without reading D; certified Delta_r = {model.sensitivity:.3g} on [{lo_hi[0]:.3g}, {lo_hi[1]:.3g}] "
         f"{f'(released privately, one-time epsilon {range_epsilon:g}) ' if range_epsilon > 0 else ''}"
         f"({model.sensitivity / (lo_hi[1] - lo_hi[0]):.3%} of its width); selection AUC {meta['selection_auc']:.3f} "
-        f"(log-probability alone {meta['selection_logprob_auc']:.3f}); keep the model file with the operator")
+        f"(log-probability alone {meta['selection_logprob_auc']:.3f}); keep the model file with the operator", markup=False)
     console.print(f"wrote {private} (private: what the head learnt from D, with no privacy; nothing read from D "
-                  "is printed here)")
+                  "is printed here)", markup=False)
     return model
 
 
@@ -223,7 +225,7 @@ def _release(model, epsilon: float, delta: float, out: Path, model_path: Path, a
                   f"{total}; every selection with it is free; this file may be published. Unit: a person "
                   f"(replacement, or adding / removing one person's rows: {model.meta.get('person_definition', 'the grader of one train prompt')}); "
                   f"assumed public and not protected: {_public_names(g.get('public_inputs'))} "
-                  f"(guarantee.public_inputs). Recorded in {model_path.name.removesuffix('.json')}.releases.json")
+                  f"(guarantee.public_inputs). Recorded in {model_path.name.removesuffix('.json')}.releases.json", markup=False)
 
 
 def _public_names(inputs) -> str:
@@ -296,14 +298,14 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
         sub = [r for r in rows if r["adversary"] == kind]
         console.print(f"  {kind:<13} {len(sub):>3} retrainings: max |r_D - r_D'| = "
                       f"{max(r['max_score_change'] for r in sub):.4g}, max ||w_D - w_D'|| = "
-                      f"{max(r['weight_change'] for r in sub):.4g}")
+                      f"{max(r['weight_change'] for r in sub):.4g}", markup=False)
     changed = sum(r["settings_changed"] for r in rows)
     console.print(f"{len(rows)} raw-data neighbours (one person's rows edited in the pool), each rerun through the "
                   f"whole procedure (the choice of settings computed once: it reads only the validation rows, "
                   f"which no neighbour edits): the chosen (q, c, lambda) changed in {changed}; "
                   f"max |r_D - r_D'| on the train samples {worst_score:.4g}, over all inputs "
                   f"(||w_D - w_D'||) {worst_w:.4g}; certified Delta_r {m.sensitivity:.4g} "
-                  f"({worst_w / m.sensitivity:.1%} of it)")
+                  f"({worst_w / m.sensitivity:.1%} of it)", markup=False)
     if worst_w > m.sensitivity or worst_score > m.sensitivity or changed:
         console.print("[red]the certificate was exceeded[/red]")
         raise typer.Exit(1)

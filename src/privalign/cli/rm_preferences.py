@@ -73,9 +73,9 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
                   f"{best['selection_exact_accuracy']:.3f} exact, {best['selection_accuracy']:.3f} released at "
                   f"epsilon_w {target_epsilon:g}), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "
                   f"and not protected: {public.name} and the roster of persons (guarantee.public_inputs); keep the "
-                  f"model file with the operator", highlight=False)
+                  f"model file with the operator", highlight=False, markup=False)
     console.print(f"wrote {private_path(out)} (private: what the head learnt from D, with no privacy; nothing read "
-                  "from D is printed here)", highlight=False)
+                  "from D is printed here)", highlight=False, markup=False)
     return head
 
 
@@ -151,6 +151,7 @@ def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release
 
 
 def _print_evaluation(r: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"pairwise accuracy on {r['pairs']} held-out pairs (95% interval)")
@@ -160,8 +161,8 @@ def _print_evaluation(r: dict) -> None:
                                                                               "logprob_alone")):
         if key in r:
             a = r[key]
-            table.add_row(name, f"{a['accuracy']:.3f}", f"[{a['lo']:.3f}, {a['hi']:.3f}]")
+            table.add_row(name, f"{a['accuracy']:.3f}", escape(f"[{a['lo']:.3f}, {a['hi']:.3f}]"))
     for rel in r["releases"]:
-        table.add_row(f"released at ({rel['epsilon_w']:g}, {rel['delta_w']:g})", f"{rel['mean']:.3f} (mean)",
-                      f"5th percentile {rel['p5']:.3f} over {rel['draws']} draws")
+        table.add_row(escape(f"released at ({rel['epsilon_w']:g}, {rel['delta_w']:g})"), f"{rel['mean']:.3f} (mean)",
+                      escape(f"5th percentile {rel['p5']:.3f} over {rel['draws']:d} draws"))
     console.print(table)

@@ -43,6 +43,27 @@ def check_ceiling(ceiling: tuple[float, float], own: tuple, o: dict, ext: dict) 
                                                    "was charged: ask for less (more noise)", param=param)
 
 
+def default_ceiling(rules) -> dict[str, tuple[float, float]]:
+    """``RequestRules``' default per-request ceiling: per mechanism, [mechanism] epsilon_max and delta_max, else the most a request of that
+    mechanism with the configured options may cost (privbon: without a noise floor), at n = max_n
+    and the most Phase-2 rounds a request may ask for: only less noise than configured is refused."""
+    d = rules.cfg.mechanism
+    rounds = min(d.max_rounds if d.max_rounds_max is None else d.max_rounds_max, rules.cfg.max_n)
+    out = {}
+    # privbon at no noise floor: the configured epsilon itself (a floor only spends less)
+    for ext in ({"mechanism": "privbon", "temperature": 0.0}, {"mechanism": "privitp", "max_rounds": rounds}):
+        eps = d.epsilon_max
+        if eps is None:
+            o = rules._checked({**ext, "n": rules.cfg.max_n})
+            try:
+                rules._mechanism(o, ext)
+                eps = o["epsilon_max"]
+            except ValueError:
+                eps = math.inf
+        out[ext["mechanism"]] = (eps, d.delta if d.delta_max is None else d.delta_max)
+    return out
+
+
 class RequestRules:
     """The service's rules for one request, fixed at start-up: the config, the reward model's range
     and per-query sensitivity (None for a released head), and the budgets as the ledger holds them."""
@@ -52,27 +73,8 @@ class RequestRules:
         self.cfg, self.ledger, self.tenant_budget, self.model_budget = cfg, ledger, tenant_budget, model_budget
         self.released, self.sensitivity, self.range, self.has_logprobs = released, sensitivity, reward_range, has_logprobs
         self._tenant_of: dict[str, tuple] = {}
-        self.ceiling = None if released else self._default_ceiling()
+        self.ceiling = None if released else default_ceiling(self)
         self._own_ceiling = {b.name: (b.epsilon_max, b.delta_max) for b in cfg.budgets}
-
-    def _default_ceiling(self) -> dict[str, tuple[float, float]]:
-        """Per mechanism, [mechanism] epsilon_max and delta_max, else the most a request of that
-        mechanism with the configured options may cost, at n = max_n and the most Phase-2 rounds a
-        request may ask for: only less noise than configured is refused."""
-        d = self.cfg.mechanism
-        rounds = min(d.max_rounds if d.max_rounds_max is None else d.max_rounds_max, self.cfg.max_n)
-        out = {}
-        for ext in ({"mechanism": "privbon"}, {"mechanism": "privitp", "max_rounds": rounds}):
-            eps = d.epsilon_max
-            if eps is None:
-                o = self._checked({**ext, "n": self.cfg.max_n})
-                try:
-                    self._mechanism(o, ext)
-                    eps = o["epsilon_max"]
-                except ValueError:
-                    eps = math.inf
-            out[ext["mechanism"]] = (eps, d.delta if d.delta_max is None else d.delta_max)
-        return out
 
     def check_sampling(self, max_tokens, temperature, logprobs) -> None:
         """max_tokens a positive integer within the cap, temperature in (0, 2], logprobs only where the
