@@ -172,3 +172,27 @@ def test_property_any_persons_raw_edit_stays_within_delta_r(seed, prompts, sampl
     assert t.settings == base.settings
     delta_r = 4 * k / (base.m * lam) + 2 * 1e-9 / lam
     assert np.linalg.norm(t.w - base.w) <= delta_r, (edit, np.linalg.norm(t.w - base.w), delta_r)
+
+
+def test_the_red_teams_findings_stay_fixed():
+    """An independent review (issue 48) found: (1) adding a person's id changed P, which the choice of
+    settings reads, and flipped the chosen settings (142 times Delta_r): adding or removing an id is
+    a change of the public roster, not a neighbour, and the adjacency says so; (2) a split with one
+    empty side moved an id by looking at the others; (3) a NaN in one person's hidden state made
+    training fail on D' but not on D. (2) is now an error on the public ids alone, (3) a row at the
+    origin."""
+    from privalign.preferences.splits import split_ids
+
+    with pytest.raises(ValueError, match="left one side empty"):
+        split_ids(["a", "b"], 0.01, 0)
+    pid, y, raw = wide_pool(prompts=80)
+    base = train_procedure(raw, pid, y, **KW)
+    person = base.data.roster[2]
+    raw2 = raw.astype(np.float64).copy()
+    raw2[np.flatnonzero(pid == person)[0], H + 1] = np.nan  # one h_mean value of one fit person's row
+    t = train_procedure(raw2, pid, y, **KW)
+    assert np.linalg.norm(t.w - base.w) <= 4 * 4 / (base.m * 0.3) + 2e-9 / 0.3
+    model = PolicyBTReward(base.w, 0.3, base.m, 4, 1e-9, base.feature_map, meta={"procedure": {"unit": "person"}})
+    adjacency = model.adjacency()
+    assert "replacement" in adjacency and "adding or removing an id changes P, a public input, and is not covered" \
+        in adjacency

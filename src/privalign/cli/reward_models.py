@@ -223,7 +223,8 @@ def _release(model, epsilon: float, delta: float, out: Path, model_path: Path, a
                   f"{g['delta']:g}) for P = {g['persons']} persons, k = {g['pairs_per_person']}: w~ = w + "
                   f"N(0, sigma^2 I), sigma = {g['sigma']:.4g} for L2 sensitivity Delta_r = {g['sensitivity']:.4g}"
                   f"{total}; every selection with it is free; this file may be published. Unit: a person "
-                  f"(replacement, or adding / removing one person's rows: {model.meta.get('person_definition', 'the grader of one train prompt')}); "
+                  f"(replacement of one person's rows, the roster of ids public: "
+                  f"{model.meta.get('person_definition', 'the grader of one train prompt')}); "
                   f"assumed public and not protected: {_public_names(g.get('public_inputs'))} "
                   f"(guarantee.public_inputs). Recorded in {model_path.name.removesuffix('.json')}.releases.json", markup=False)
 

@@ -16,8 +16,8 @@ def split_ids(ids, fraction: float, seed: int = 0) -> tuple[set, set]:
     """(first, second): an id goes to ``first`` when its keyed hash u(seed, id) < ``fraction``.
 
     Stable: adding or removing an id moves no other id. The sizes are binomial around ``fraction``
-    of the ids; where one side would be empty (few ids), the ids of smallest (largest) u move across
-    until each side has one, a rule that reads only the ids."""
+    of the ids; where one side would be empty (few ids) it is a one-line error, not a rule that would
+    move one id by looking at the others."""
     if not 0 < fraction < 1:
         raise ValueError(f"fraction must lie in (0, 1), got {fraction!r}")
     ids = np.unique(np.asarray(list(ids), str))
@@ -25,10 +25,9 @@ def split_ids(ids, fraction: float, seed: int = 0) -> tuple[set, set]:
         raise ValueError(f"a split needs at least 2 distinct ids, got {ids.size}")
     u = keyed_unit(seed, SPLIT, ids.tolist())
     first = u < fraction
-    if not first.any():
-        first[np.argmin(u)] = True
-    if first.all():
-        first[np.argmax(u)] = False
+    if first.all() or not first.any():
+        raise ValueError(f"the keyed split of {ids.size} ids at fraction {fraction:g} (seed {seed}) left one side "
+                         "empty: give more prompts (or persons), or another seed")
     return set(ids[first].tolist()), set(ids[~first].tolist())
 
 

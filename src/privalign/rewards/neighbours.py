@@ -7,7 +7,8 @@ bounding, the choice of (q, c, L, lambda), the final head) is rerun from the edi
 
 * ``flipped``: every grade of the person flipped;
 * ``all-correct`` / ``all-wrong``: every grade set (the person then has no pair);
-* ``removed``: the person's rows deleted (add/remove adjacency: P and m = P k drop by one);
+* ``removed``: the person's rows deleted, their id with them: P and m = P k drop by one, a change
+  of the public roster, so not a neighbour of the guarantee (built for tests, never searched);
 * ``extreme``: the person's samples replaced by ones whose features reach the edge of the feature
   map (||phi|| = 1) along a direction v, half graded correct and half wrong, so that every pair
   they give has the largest difference along v that phi allows;
@@ -29,7 +30,10 @@ from ..preferences.bounding import bound_per_person
 from ..preferences.pairs import preference_rows
 from .policy_bt import FeatureMap, Trained
 
-EDITS = ("flipped", "all-correct", "all-wrong", "removed", "extreme", "swapped")
+EDITS = ("flipped", "all-correct", "all-wrong", "extreme", "swapped")
+# "removed" (their rows deleted, their id with them) changes P, a public input: not a neighbour of
+# the guarantee (replacement, the roster public). ``edited`` still builds it, for tests that show why.
+ALL_EDITS = (*EDITS, "removed")
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ def person_rows(edit: Edit, raw_p, y_p, raw_other=None, y_other=None, fmap: Feat
         if raw_other is None:
             raise ValueError(f"edit 'swapped' needs another person of the pool, got {edit.other!r}")
         return raw_other, y_other
-    raise ValueError(f"edit must be one of {EDITS}, got {edit.edit!r}")
+    raise ValueError(f"edit must be one of {ALL_EDITS}, got {edit.edit!r}")
 
 
 def apply(edit: Edit, raw, prompt_ids, correct, fmap: FeatureMap | None = None) -> Neighbour:
@@ -130,9 +134,9 @@ def candidates(base: Trained, raw, prompt_ids, correct, proc: dict, rng: np.rand
                persons: int | None = None) -> list[tuple[float, Edit]]:
     """Every edit of every person of D (or of a seeded ``persons`` of them), each with the head's
     first-order shift it predicts at w_D: ||H^-1 (g_p - g_p')|| / m, g the summed loss gradient of a
-    person's pairs (removal: g_p' = -k lambda w_D, from the normaliser's change); largest first."""
+    person's pairs; largest first."""
     pid, y = np.asarray(prompt_ids, str), np.asarray(correct, float)
-    fmap, w, m, k = base.feature_map, base.w, base.m, proc["pairs_per_person"]
+    fmap, w, m = base.feature_map, base.w, base.m
     d = fmap(raw[base.data.chosen]) - fmap(raw[base.data.rejected])
     z = d @ w
     hess = (d * (special.expit(z) * special.expit(-z))[:, None]).T @ d / m + base.lam * np.eye(w.size)
@@ -164,7 +168,6 @@ def candidates(base: Trained, raw, prompt_ids, correct, proc: dict, rng: np.rand
             r2, y2 = person_rows(e, raw_p, y_p, *((raw[theirs], y[theirs]) if theirs is not None else ()), fmap=fmap)
             g2 = grad(_pairs(fmap(r2), y2, person, proc))
             out.append((float(np.linalg.norm(np.linalg.solve(hess, g_p - g2))) / m, e))
-        out.append((float(np.linalg.norm(np.linalg.solve(hess, g_p + k * base.lam * w))) / m, Edit("removed", person)))
     out.sort(key=lambda r: -r[0])
     return out
 

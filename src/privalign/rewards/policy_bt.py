@@ -83,8 +83,8 @@ class FeatureMap:
         if raw.shape[1] != 2 * self.hidden + 1:
             raise ValueError(f"raw features must have {2 * self.hidden + 1} columns, got {raw.shape[1]}")
         h = raw[:, self.hidden:2 * self.hidden]
-        if not np.isfinite(h).all():
-            raise ValueError("raw policy features must be finite (the model produced NaN or infinite hidden states)")
+        bad = ~np.isfinite(h).all(axis=1)  # a NaN or infinite hidden state: that row sits at the origin
+        h = np.where(bad[:, None], self.mu, h)  # (an error would depend on one person's rows: issue 48)
         z = ((h - self.mu) @ self.components.T) / self.scales / math.sqrt(self.components.shape[0])
         norm = np.linalg.norm(z, axis=1, keepdims=True)
         z = np.where(np.isfinite(norm), z / np.maximum(1.0, norm), 0.0)  # overflowed rows: the origin
@@ -191,11 +191,11 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
             return (super().adjacency() + "; legacy unit: each pair counted as its own person, which under-states "
                     "one person's effect when they gave several pairs (retrain with unit 'person')")
         persons = self.persons
-        return (f"person-level: D and D' differ in one person's preference pairs (at most k = {self.k}, "
-                f"replaced by at most {self.k} others, P = {persons} persons either way, loss normalised by "
-                f"m = P k = {self.m}), or by adding or removing one person (P and m change by one person: "
-                f"||w_D - w_D'|| <= 3k/(m lambda) + 2 g_tol/lambda, within the same Delta_r; the roster of ids is "
-                f"public); a person is {self.meta.get('person_definition', PERSON)}")
+        return (f"person-level replacement: D and D' differ in one person's rows, replaced by any others or "
+                f"emptied (their pairs: at most k = {self.k}, replaced by at most {self.k} others), P = {persons} "
+                f"persons either way (the roster of ids is public), loss normalised by m = P k = {self.m}; adding "
+                f"or removing an id changes P, a public input, and is not covered; a person is "
+                f"{self.meta.get('person_definition', PERSON)}")
 
     def guarantee(self) -> dict:
         return {**super().guarantee(), "unit": self.unit,

@@ -16,7 +16,7 @@ responses (``preference_features``: teacher forcing through the deployed policy)
    report only.
 3. *The final head* is trained once on D with the chosen settings, loss normalised by m = P k, P
    the persons of D (their ids are the public roster): ||w_D - w_D'|| <= 4k/(m lambda) + 2 g_tol /
-   lambda for one person's rows replaced, added or removed (docs/accounting.md).
+   lambda for one person's rows replaced or emptied, the roster public (docs/accounting.md).
 
 The head is a ``PolicyBTReward`` (unit: person), so ``rm release``, ``privalign serve`` and the
 planner take it as they take a head trained on privalign's own pools.
