@@ -185,8 +185,9 @@ def audit_stream(model: PolicyBTReward, raw, prompt_ids, correct, *, queries: in
         for up in (True, False):
             e_d, e_d2 = ((c_d >= c).mean(), (c_d2 >= c).mean()) if up else ((c_d <= c).mean(), (c_d2 <= c).mean())
             hi_p, lo_p = max(e_d, e_d2), min(e_d, e_d2)
-            if lo_p > 0 and hi_p / lo_p > best[0]:
-                best = (hi_p / lo_p, c, up)
+            ratio = hi_p / max(lo_p, 0.5 / pilot)  # a perfectly separating threshold (lo_p = 0) counts too
+            if hi_p > 0 and ratio > best[0]:
+                best = (ratio, c, up)
     _, c, up = best
     k_d, k_d2 = counts(w_d, runs), counts(w_d2, runs)
     ev_d = int(((k_d >= c) if up else (k_d <= c)).sum())
