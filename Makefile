@@ -26,7 +26,7 @@ test: $(STAMP)
 # CI runs it after `make test` (.ci/run).
 OLDEST := $(VENV)/transformers-4.56
 MODEL_TESTS := tests/test_gpu_check.py tests/test_shared_sampler.py tests/test_pipeline.py tests/test_batching.py \
-               tests/test_policy_bt.py tests/test_hf_reward.py
+               tests/test_policy_bt.py tests/test_hf_reward.py tests/test_rm_preferences.py
 test-oldest: $(STAMP)
 	[ -d $(OLDEST)/transformers ] || $(BIN)/pip install --quiet --target $(OLDEST) --no-deps \
 	  'transformers==4.56.2' 'huggingface_hub==0.36.2' 'tokenizers==0.22.2'
