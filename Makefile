@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest test-all bench pools models models-person pools-large heads-large release-heads preferences-example clean
+.PHONY: demo test test-oldest test-all bench pools models models-person pools-large heads-large release-heads preferences-example hh-rlhf clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,6 +57,18 @@ pools: $(STAMP)
 # seeded, the same bytes every time; docs/pipeline.md).
 preferences-example: $(STAMP)
 	$(BIN)/python examples/make_preferences_example.py
+
+# Issue 52's evidence on real human preferences (docs/experiments.md, "Your own preference data on
+# HH-RLHF"): ../shared's 1,500 harmless-base pairs split (seed 0) into 150 public, 247 held-out and the
+# rest as train; a certified head with --privacy-unit row, its release at 1, 3 and 10 (about 8 min on 2 cores).
+HH := results/hh-rlhf
+hh-rlhf: $(STAMP)
+	$(BIN)/python examples/split_hh_rlhf.py --out $(HH)
+	$(BIN)/privalign rm train --preferences $(HH)/train.jsonl --privacy-unit row --public $(HH)/public.jsonl \
+	  --max-pairs-per-person 1 --release-epsilon 1 --out $(HH)/head.json
+	$(BIN)/privalign rm evaluate $(HH)/head.json --preferences $(HH)/heldout.jsonl --release-epsilon 1,3,10 \
+	  --json > $(HH)/evaluate.json
+	cat $(HH)/evaluate.json
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
