@@ -49,8 +49,7 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
               "public data set, or the curator's own), on which the feature map and the settings are chosen, "
               "so that no choice reads D")
     d_table = read_table(preferences, privacy_unit)
-    p_table = read_table(public, privacy_unit if privacy_unit == "row" else _public_unit(public, privacy_unit),
-                         "--public")
+    p_table = _read_public(public, privacy_unit)
     try:
         check_disjoint(p_table, d_table)
     except ValueError as e:
@@ -79,17 +78,16 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     return head
 
 
-def _public_unit(public: Path, privacy_unit: str) -> str:
-    """The public file's person column: the same name when it has it, else each of its rows."""
+def _read_public(public: Path, privacy_unit: str):
+    """The public file, its persons by the same column when it has one, else each of its rows."""
     from ..preferences.trl import read_preferences
 
     try:
-        read_preferences(public, privacy_unit, drop_empty=True)
-        return privacy_unit
+        return read_preferences(public, privacy_unit, drop_empty=True)
     except ValueError as e:
-        if "has no column" in str(e):
-            return "row"
-        _fail(f"--public: {e}")
+        if privacy_unit == "row" or "has no column" not in str(e):
+            _fail(f"--public: {e}")
+    return read_table(public, "row", "--public")
 
 
 def rm_evaluate(head: Path = typer.Argument(..., help="a head trained by rm train --preferences (the exact file), "
@@ -114,7 +112,7 @@ def rm_evaluate(head: Path = typer.Argument(..., help="a head trained by rm trai
 def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release_epsilon, release_delta: float,
                   draws: int, seed: int) -> dict:
     from ..rewards.policy_bt import PolicyBTReward
-    from ..rewards.preference_bt import accuracy_interval, pair_correct
+    from ..rewards.preference_bt import accuracy_interval, pair_correct, released_accuracies
     from ..rewards.release import ReleasedHead, check_release, release_noise_scale
 
     try:
@@ -136,15 +134,13 @@ def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release
         if not hasattr(head, "w"):
             _fail("--release-epsilon simulates releases of the exact head: pass the operator's exact file")
         rng = np.random.default_rng(seed)
-        d = head.feature_map(pairs.chosen) - head.feature_map(pairs.rejected)
         for eps in parse_float_list(release_epsilon):
             try:
                 check_release(head, eps, release_delta)
             except ValueError as e:
                 _fail(str(e))
             sigma = release_noise_scale(head, eps, release_delta)
-            ws = head.w + sigma * rng.standard_normal((draws, head.w.size))
-            accs = np.mean((d @ ws.T) > 0, axis=0)
+            accs = released_accuracies(head.w, head.feature_map, pairs, sigma, rng, draws)
             out["releases"].append({"epsilon_w": eps, "delta_w": release_delta, "sigma": sigma, "draws": draws,
                                     "mean": float(accs.mean()), "p5": float(np.percentile(accs, 5))})
     return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 
@@ -16,3 +18,8 @@ def person_ids(values, what: str = "prompt_id") -> np.ndarray:
         if not v.strip():
             raise ValueError(f"{what} of row {i} is empty: every row must name its person")
     return np.asarray(values, str)
+
+
+def roster_digest(ids) -> str:
+    """BLAKE2b (16 bytes) of the sorted distinct ids, one per line: names the roster without listing it."""
+    return hashlib.blake2b("\n".join(sorted(set(map(str, ids)))).encode(), digest_size=16).hexdigest()

@@ -43,7 +43,7 @@ import numpy as np
 from ..metrics import softmax_rows, within_prompt_auc
 from ..preferences.bounding import bound_per_person
 from ..preferences.pairs import preference_rows
-from ..preferences.persons import person_ids
+from ..preferences.persons import person_ids, roster_digest
 from ..preferences.splits import split_ids, subsample_ids
 from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
 
@@ -549,15 +549,11 @@ def _candidate_row(s, q, c, lp_clip, lam, sens, y, pid, proc: dict) -> dict:
 def public_inputs(validation: set, roster, proc: dict) -> dict:
     """Every input the guarantee assumes public, named: it protects none of them (docs/accounting.md,
     "Public inputs")."""
-    import hashlib
-
-    ids = sorted(map(str, roster))
     return {"validation_persons": sorted(map(str, validation)),
             "validation_use": "their grades and the policy's features of their samples fit the feature map (mu, "
                               "components, scales: published in this file) and choose (q, c, L, lambda); they get "
                               "no protection, so the curator must hold their consent or use public data",
-            "person_ids": {"count": len(ids), "blake2b": hashlib.blake2b("\n".join(ids).encode(),
-                                                                       digest_size=16).hexdigest(),
+            "person_ids": {"count": len(set(map(str, roster))), "blake2b": roster_digest(roster),
                            "use": "the roster of D's persons (fit prompt ids): it fixes P, the split and each "
                                   "person's stream; which persons are in D is public, their rows are protected"},
             "prompt_ids": "every train prompt id (the fit / validation split is a keyed hash of the id)",

@@ -24,13 +24,13 @@ planner take it as they take a head trained on privalign's own pools.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..preferences.bounding import bound_per_person
+from ..preferences.persons import roster_digest
 from ..preferences.splits import split_ids
 from .embedding_bt import certified_sensitivity, fit_bt
 from .policy_bt import FeatureMap, PolicyBTReward
@@ -78,11 +78,12 @@ def _bounded_diffs(fmap: FeatureMap, pairs: PreferencePairs, k: int, seed: int) 
     return fmap(pairs.chosen[keep]) - fmap(pairs.rejected[keep]), int(pairs.person.size - keep.size)
 
 
-def _released_accuracy(w, fmap, score: PreferencePairs, sigma: float, draws: int, seed: int) -> float:
-    """Mean pairwise accuracy over ``draws`` seeded releases w + sigma Z (the same draws for every candidate)."""
-    d = fmap(score.chosen) - fmap(score.rejected)
-    z = np.random.default_rng([seed, 7]).standard_normal((draws, w.size))
-    return float(np.mean((d @ (w + sigma * z).T) > 0))
+def released_accuracies(w, fmap, pairs: PreferencePairs, sigma: float, rng: np.random.Generator,
+                        draws: int) -> np.ndarray:
+    """Pairwise accuracy of each of ``draws`` releases w + sigma Z (Z from ``rng``) on ``pairs``."""
+    d = fmap(pairs.chosen) - fmap(pairs.rejected)
+    z = rng.standard_normal((draws, w.size))
+    return np.mean((d @ (w + sigma * z).T) > 0, axis=0)
 
 
 def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9,
@@ -113,17 +114,15 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
                     if target_epsilon is not None and persons:
                         sigma = gaussian_mechanism_noise_scale(
                             target_epsilon, certified_sensitivity(persons * k, lam, k, g_tol), 1e-6)
-                        acc = _released_accuracy(w, fmap, score, sigma, draws, seed)
+                        # the same seeded draws for every candidate
+                        acc = float(released_accuracies(w, fmap, score, sigma, np.random.default_rng([seed, 7]),
+                                                        draws).mean())
                     row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc,
                            "selection_exact_accuracy": exact}
                     rows.append(row)
                     if best is None or (acc, lam) > (best[0]["selection_accuracy"], best[0]["lambda"]):
                         best = (row, fmap)
     return best[0], best[1], rows
-
-
-def _roster_digest(person: np.ndarray) -> str:
-    return hashlib.blake2b("\n".join(sorted(set(map(str, person)))).encode(), digest_size=16).hexdigest()
 
 
 def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int = 16, seed: int = 0,
@@ -153,7 +152,7 @@ def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int =
                 "public_file": source or "the --public preference file: every row of it, unprotected",
                 "public_use": "fits the feature map (mu, components, scales, published in a released file) and "
                               "chooses (q, c, L, lambda); the curator must hold its persons' consent or use public data",
-                "person_ids": {"count": d.persons, "blake2b": _roster_digest(d.person),
+                "person_ids": {"count": d.persons, "blake2b": roster_digest(d.person),
                                "use": "the roster of D's persons: it fixes P and each person's stream"},
                 "seed": seed, "settings_grid": "the candidate (q, c, L, lambda) and k, chosen by the operator"},
             "head_id": uuid.uuid4().hex}
