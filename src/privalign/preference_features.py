@@ -4,9 +4,8 @@ Each row's prompt (its messages, through the policy's chat template) and its two
 rows of raw features ``[h_last, h_mean, lp]`` (``rewards.policy_bt``), computed with the policy's
 ``featurize_many`` (``backends``: many prompt-response texts, one plain batched forward pass of 32
 texts of similar length at a time) or, for any other featurizer, ``featurize``. Rows go to the
-policy ordered by length (similar lengths pad least), with a progress bar on a terminal and a line every
-30 s otherwise. Features are cached by content beside the file (``FILE.features-MODEL.npz``): a
-text's key is a digest of the model, its prompt messages and the response, so a second run, or a
+policy ordered by length (similar lengths pad least); ``progress`` reports the texts done.
+Features are cached by content beside the file (``FILE.features-MODEL.npz``): a text's key is a digest of the model, its prompt messages and the response, so a second run, or a
 run on a file that shares rows, reads them instead of recomputing; the cache is written every few
 hundred rows, so an interrupted run resumes.
 """
@@ -15,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -61,45 +58,19 @@ def _save_cache(path: Path, cache: dict[str, np.ndarray]) -> None:
     tmp.replace(path)
 
 
-class _Progress:
-    """A rich bar on a terminal; otherwise a line to stderr every 30 s with done/total, rate and ETA."""
-
-    def __init__(self, total: int, what: str):
-        self.total, self.what, self.done, self.t0, self.last = total, what, 0, time.monotonic(), time.monotonic()
-        self.bar = None
-        if sys.stderr.isatty() and total:
-            from rich.progress import Progress
-
-            self.bar = Progress(transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(what, total=total)
-
-    def advance(self, k: int) -> None:
-        self.done += k
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.done)
-        elif time.monotonic() - self.last >= 30:
-            self.last = time.monotonic()
-            rate = self.done / max(self.last - self.t0, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-            print(f"{self.what}: {self.done}/{self.total} texts, {rate:.1f}/s, ETA {eta:.0f} s", file=sys.stderr,
-                  flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-def featurize_table(table: PreferenceTable, policy, model: str, cache: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(chosen raw features, rejected raw features), one row per pair, in the table's order."""
+def featurize_table(table: PreferenceTable, policy, model: str, cache: bool = True,
+                    progress=None) -> tuple[np.ndarray, np.ndarray]:
+    """(chosen raw features, rejected raw features), one row per pair, in the table's order.
+    ``progress(done, total)``, when given, is called with the texts computed so far (the cached ones
+    are not counted): the CLI shows it with its progress display."""
     path = cache_path(table, model)
     known = _load_cache(path) if cache else {}
     keys = [(text_key(model, p, c), text_key(model, p, r)) for p, c, r in zip(table.prompts, table.chosen,
                                                                            table.rejected)]
     todo = [i for i, (kc, kr) in enumerate(keys) if kc not in known or kr not in known]
     todo.sort(key=lambda i: len(table.chosen[i]) + len(table.rejected[i]) + len(json.dumps(table.prompts[i])))
-    progress = _Progress(2 * len(todo), f"featurizing {table.source.name} with {model}")
     many = getattr(policy, "featurize_many", None)
+    done = 0
     try:
         for start in range(0, len(todo), FLUSH_EVERY):
             chunk = todo[start:start + FLUSH_EVERY]
@@ -114,11 +85,12 @@ def featurize_table(table: PreferenceTable, policy, model: str, cache: bool = Tr
                                                      np.float32) for i in rows])
                 for j, i in enumerate(rows):
                     known[keys[i][0]], known[keys[i][1]] = raw[2 * j], raw[2 * j + 1]
-                progress.advance(2 * len(rows))
+                done += 2 * len(rows)
+                if progress is not None:
+                    progress(done, 2 * len(todo))
             if cache:
                 _save_cache(path, known)
     finally:
-        progress.close()
         if cache and todo:
             _save_cache(path, known)
     chosen = np.stack([known[kc] for kc, _ in keys]).astype(np.float64)

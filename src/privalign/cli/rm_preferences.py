@@ -5,13 +5,14 @@ released."""
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import typer
 
-from ._common import _fail, console, parse_float_list, private_path
+from ._common import _fail, _progress, console, parse_float_list, private_path
 
 
 def read_table(path: Path, privacy_unit: Optional[str], option: str = "--preferences"):
@@ -33,7 +34,18 @@ def pairs_of(table, model: str, policy=None):
     from ..rewards.preference_bt import PreferencePairs
 
     policy = policy or load_policy(model)
-    chosen, rejected = featurize_table(table, policy, model)
+    resume = ("interrupted: the features computed so far are cached beside the file; rerun the same command to "
+              "resume")
+    shown: dict = {}
+    with ExitStack() as stack:  # the display opens with the first text computed: a cached file shows none
+
+        def show(done, total):
+            if not shown:
+                shown["bar"] = stack.enter_context(_progress(on_interrupt=resume))
+                shown["job"] = shown["bar"].add_task(f"featurizing {table.source.name} with {model}", total=total)
+            shown["bar"].update(shown["job"], completed=done, total=total)
+
+        chosen, rejected = featurize_table(table, policy, model, progress=show)
     return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), policy
 
 
