@@ -170,13 +170,17 @@ def shipped_audit(task: Optional[str]) -> Optional[Path]:
 
 
 def _attach_audit(out: Path, record: dict) -> None:
-    """Add an audit record and its figure to a reproduce results directory, and re-render its report."""
+    """Add an audit record and its figure to a reproduce results directory, list them in its manifest
+    as privalign's own (so a rerun replaces them and never reports them as a user's), and re-render
+    its report."""
+    from .._paths import owned_files, write_manifest
     from ..report.figures import audit_bars
     from ..report.html import render
     from ..report.results import write_json
 
     write_json(out / "audit.json", record)
-    audit_bars(record["rows"], out)
+    files = {"audit.json", *audit_bars(record["rows"], out)}
+    write_manifest(out, (owned_files(out) or set()) | files)
     render(out)
 
 
