@@ -138,3 +138,38 @@ def test_bad_preference_input_is_one_line_and_writes_nothing(files, tmp_path):
         res = runner.invoke(app, [*base, *args])
         assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
         assert not list(tmp_path.glob("x*"))
+
+
+def test_featurizing_shares_a_prompts_cache_and_computes_each_text_once(tmp_path):
+    """Texts of a prompt with several responses go through one prompt pass (featurize); the others
+    through featurize_many; both give the features of one plain forward pass a text, and a text that
+    appears in several pairs is computed once."""
+    from privalign.backends import load_policy
+    from privalign.preference_features import featurize_table
+
+    shared = [{"role": "user", "content": "What number comes after 41?"}]
+    rows = [{"prompt": shared, "chosen": [{"role": "assistant", "content": "42"}],
+             "rejected": [{"role": "assistant", "content": r}], "user_id": f"u{i}"}
+            for i, r in enumerate(["43", "41", "40", "4 2"])]
+    rows.append({"prompt": [{"role": "user", "content": "Say hi."}], "chosen": [{"role": "assistant", "content": "Hi!"}],
+                 "rejected": [{"role": "assistant", "content": "No."}], "user_id": "u9"})
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = read_preferences(path, "user_id")
+    policy = load_policy("smollm2")
+    calls = {"featurize": 0, "many": 0}
+    real_f, real_m = policy.featurize, policy.featurize_many
+
+    def f(messages, responses, *a, **k):
+        calls["featurize"] += len(responses)
+        return real_f(messages, responses, *a, **k)
+
+    def m(items, *a, **k):
+        calls["many"] += len(items)
+        return real_m(items, *a, **k)
+
+    policy.featurize, policy.featurize_many = f, m
+    chosen, rejected = featurize_table(table, policy, "smollm2", cache=False)
+    assert calls == {"featurize": 5, "many": 2}  # "42" once for four pairs, + 4 rejected; the other prompt's 2
+    one_by_one = real_m([(p, t) for p, c, r in zip(table.prompts, table.chosen, table.rejected) for t in (c, r)])
+    np.testing.assert_allclose(np.stack([chosen, rejected], 1).reshape(len(rows) * 2, -1), one_by_one, atol=2e-4)
