@@ -39,7 +39,7 @@ def _generator(model: str, backend: str, base_url: Optional[str], **options):
 
 @app.command()
 def generate(task: str = typer.Option(..., help="gsm8k, math500, mmlu[:subject], mmlu-letters, "
-                                                 "arithmetic, arithmetic-mix, addition, counting or counting-wide"),
+                                                 "arithmetic, arithmetic-mix, addition or counting"),
              split: str = typer.Option("test"),
              limit: Optional[int] = typer.Option(None, help="first N problems"),
              samples: int = typer.Option(64, help="responses per prompt"),

@@ -1,17 +1,17 @@
 """Tasks and graders: GSM8K, MATH-500 (math-verify), MMLU (letters), and a built-in arithmetic family."""
 
-from .arithmetic import Arithmetic, ArithmeticMix, Counting, CountingWide
+from .arithmetic import Arithmetic, ArithmeticMix, Counting
 from .base import Problem, Task, data_dir
 from .gsm8k import GSM8K
 from .math500 import MATH500
 from .mmlu import MMLU, MMLULetters
 
-TASKS = ("gsm8k", "math500", "mmlu", "arithmetic", "addition", "arithmetic-mix", "mmlu-letters", "counting", "counting-wide")
+TASKS = ("gsm8k", "math500", "mmlu", "arithmetic", "addition", "arithmetic-mix", "mmlu-letters", "counting")
 
 
 def get_task(name: str, data: str | None = None) -> Task:
     """``gsm8k``, ``math500``, ``arithmetic``, ``addition``, ``arithmetic-mix``, ``mmlu`` (college mathematics),
-    ``counting``, ``counting-wide``, ``mmlu:<subject>`` or ``mmlu-letters`` (three subjects pooled, few-shot, letter answers)."""
+    ``counting``, ``mmlu:<subject>`` or ``mmlu-letters`` (three subjects pooled, few-shot, letter answers)."""
     if name == "gsm8k":
         return GSM8K(data)
     if name == "math500":
@@ -22,8 +22,6 @@ def get_task(name: str, data: str | None = None) -> Task:
         return ArithmeticMix()
     if name == "counting":
         return Counting()
-    if name == "counting-wide":
-        return CountingWide()
     if name == "mmlu-letters":
         return MMLULetters(data)
     if name == "mmlu" or name.startswith("mmlu:"):
@@ -31,4 +29,4 @@ def get_task(name: str, data: str | None = None) -> Task:
     raise ValueError(f"task must be one of {TASKS} (or mmlu:<subject>), got {name!r}")
 
 
-__all__ = ["Arithmetic", "ArithmeticMix", "Counting", "CountingWide", "GSM8K", "MATH500", "MMLU", "MMLULetters", "Problem", "TASKS", "Task", "data_dir", "get_task"]
+__all__ = ["Arithmetic", "ArithmeticMix", "Counting", "GSM8K", "MATH500", "MMLU", "MMLULetters", "Problem", "TASKS", "Task", "data_dir", "get_task"]

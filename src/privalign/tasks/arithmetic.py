@@ -156,28 +156,3 @@ class Counting(Arithmetic):
         picked = order[:COUNTING_TEST] if split == "test" else order[COUNTING_TEST:]
         return [Problem(id=f"{self.name}-{split}-{i}", question=f"What number comes after {values[k]}?",
                         reference=str(values[k] + 1), meta={"a": values[k]}) for i, k in enumerate(picked[:limit])]
-
-
-# ---------------------------------------------------------------- counting, wide: a deployment's worth of prompts
-COUNTING_WIDE_RANGE = (10, 4210)
-
-
-class CountingWide(Counting):
-    """``counting-wide``: counting's question for a in 10..4209 (4,198 problems without the two worked
-    examples: 300 test, 3,898 train), so that a preference file can have thousands of persons, each the
-    grader of their own prompts (docs/experiments.md, "The release with thousands of persons").
-    Its own fixed shuffle and ids: it shares questions with ``counting`` but not its split."""
-
-    def __init__(self):
-        self.name = "counting-wide"
-        self.examples = COUNTING_EXAMPLES
-
-    def load(self, split: str = "test", limit: int | None = None) -> list[Problem]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        seen = {q for q, _ in COUNTING_EXAMPLES}
-        values = [a for a in range(*COUNTING_WIDE_RANGE) if f"What number comes after {a}?" not in seen]
-        order = np.random.default_rng(20261208).permutation(len(values))
-        picked = order[:COUNTING_TEST] if split == "test" else order[COUNTING_TEST:]
-        return [Problem(id=f"{self.name}-{split}-{i}", question=f"What number comes after {values[k]}?",
-                        reference=str(values[k] + 1), meta={"a": values[k]}) for i, k in enumerate(picked[:limit])]
