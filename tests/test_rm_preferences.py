@@ -173,3 +173,42 @@ def test_featurizing_shares_a_prompts_cache_and_computes_each_text_once(tmp_path
     assert calls == {"featurize": 5, "many": 2}  # "42" once for four pairs, + 4 rejected; the other prompt's 2
     one_by_one = real_m([(p, t) for p, c, r in zip(table.prompts, table.chosen, table.rejected) for t in (c, r)])
     np.testing.assert_allclose(np.stack([chosen, rejected], 1).reshape(len(rows) * 2, -1), one_by_one, atol=2e-4)
+
+
+def test_max_persons_keeps_a_subset_chosen_by_the_ids_alone(files, tmp_path):
+    """--max-persons P trains on P persons picked by a keyed hash of their ids: a person is in or out
+    whatever anyone's rows say (editing another person's rows changes nothing), and the same seed
+    gives the same subset; P < 2 is a one-line error."""
+    from privalign.preferences.splits import subsample_ids
+
+    mine, public, _ = files
+    rows = [json.loads(line) for line in mine.read_text().splitlines()]
+    ids = sorted({r["user_id"] for r in rows})
+    keep = subsample_ids(ids, 5, 0)
+    edited = tmp_path / "edited.jsonl"  # another person's rows flipped: the subset is the same
+    other = next(i for i in ids if i in keep)
+    edited.write_text("".join(json.dumps({**r, "chosen": r["rejected"], "rejected": r["chosen"]} if r["user_id"] == other
+                                         else r) + "\n" for r in rows))
+    assert read_preferences(edited, "user_id").of_persons(keep).n_persons == 5
+    runner = CliRunner()
+    res = runner.invoke(app, ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id", "--public",
+                              str(public), "--max-persons", "5", "--lam", "1", "--components", "4", "--out",
+                              str(tmp_path / "five.json")])
+    assert res.exit_code == 0, res.output
+    head = PolicyBTReward.load(tmp_path / "five.json")
+    assert head.persons == 5 and head.guarantee()["public_inputs"]["person_ids"]["count"] == 5
+    res = runner.invoke(app, ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id", "--public",
+                              str(public), "--max-persons", "1", "--out", str(tmp_path / "one.json")])
+    assert res.exit_code != 0 and "--max-persons must be at least 2, got 1" in res.output
+    assert not (tmp_path / "one.json").exists()
+
+
+def test_the_persons_figure_draws_measured_and_planned_shares(tmp_path):
+    from privalign.report.figures import release_persons
+
+    rows = [{"kind": "measured", "persons": p, "epsilon_w": e, "share_mean": s, "share_p5": s - 0.2}
+            for e in (1.0, 3.0) for p, s in ((250, 0.3), (2400, 0.9))]
+    rows += [{"kind": "planned", "from_persons": 250, "persons": p, "epsilon_w": 1.0, "share_mean": s, "share_p5": s}
+             for p, s in ((250, 0.3), (4000, 0.95))]
+    written = release_persons(rows, tmp_path, "persons")
+    assert written and all((tmp_path / Path(w).name).exists() for w in written)

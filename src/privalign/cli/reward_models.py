@@ -46,8 +46,9 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
                                                                        "default 16, the excess dropped; minilm: 1)"),
              max_pairs_per_person: Optional[int] = typer.Option(None, hidden=True,
                                                                 help="the same as --pairs-per-person"),
-             max_persons: Optional[int] = typer.Option(None, help="policy: keep a seeded random P of D's persons "
-                                                                  "(a smaller deployment)"),
+             max_persons: Optional[int] = typer.Option(None, help="policy and --preferences: keep a seeded random P "
+                                                                  "of D's persons (a smaller deployment; the subset "
+                                                                  "reads the ids alone)"),
              release_epsilon: Optional[float] = typer.Option(None, help="policy: also release the head once with "
                                                                         "Gaussian noise at this epsilon (rm release)"),
              release_delta: float = typer.Option(1e-6, help="with --release-epsilon: its delta"),
@@ -82,7 +83,8 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
             _check_release_args(release_epsilon, release_delta)
             _out_file(released_path(out), "model")
         head = train_from_preferences(preferences, privacy_unit, public, model, pairs_per_person or 16, grid, seed,
-                                      name or "policy-bt", out, release_epsilon or target_epsilon)
+                                      name or "policy-bt", out, release_epsilon or target_epsilon,
+                                      max_persons)
         if release_epsilon is not None:
             _release(head, release_epsilon, release_delta, released_path(out), out)
         return

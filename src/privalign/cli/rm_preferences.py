@@ -50,7 +50,8 @@ def pairs_of(table, model: str, policy=None):
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
-                           k: int, grid: dict, seed: int, name: str, out: Path, target_epsilon: float = 1.0):
+                           k: int, grid: dict, seed: int, name: str, out: Path, target_epsilon: float = 1.0,
+                           max_persons: Optional[int] = None):
     """``rm train --preferences``: read both files, check them, featurize, train, write, print."""
     from ..preferences.trl import check_disjoint
     from ..rewards.preference_bt import train_preference_bt
@@ -61,6 +62,12 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
               "public data set, or the curator's own), on which the feature map and the settings are chosen, "
               "so that no choice reads D")
     d_table = read_table(preferences, privacy_unit)
+    if max_persons is not None:  # a seeded subset by a keyed hash of the ids alone (public): a smaller deployment
+        from ..preferences.splits import subsample_ids
+
+        if max_persons < 2:
+            _fail(f"--max-persons must be at least 2, got {max_persons!r}")
+        d_table = d_table.of_persons(subsample_ids(d_table.person, max_persons, seed))
     p_table = _read_public(public, privacy_unit)
     try:
         check_disjoint(p_table, d_table)

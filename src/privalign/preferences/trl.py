@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,12 @@ class PreferenceTable:
     @property
     def line_word(self) -> str:
         return "row" if self.source.suffix == ".parquet" else "line"
+
+    def of_persons(self, keep) -> "PreferenceTable":
+        """The rows of the persons in ``keep``, in the file's order."""
+        rows = np.flatnonzero(np.isin(self.person, np.asarray(list(keep), str)))
+        return replace(self, prompts=[self.prompts[i] for i in rows], chosen=[self.chosen[i] for i in rows],
+                       rejected=[self.rejected[i] for i in rows], person=self.person[rows], lines=self.lines[rows])
 
     def where(self, i: int) -> str:
         """Where row ``i`` sits in its file: ``"line 7"`` (JSONL) or ``"row 7"`` (Parquet)."""

@@ -249,3 +249,41 @@ def release_vs_n(rows: list[dict], bon: dict, base: float, out: Path, name: str 
     ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     ax.grid(alpha=0.3)
     return _save(fig, out, name)
+
+
+def release_persons(rows: list[dict], out: Path, name: str = "release-persons", title: str = "") -> list[str]:
+    """Share of BoN's lift that a release keeps against the number of persons, one colour per
+    epsilon_w: measured on heads trained on subsets of the persons (markers: mean, solid; 5th
+    percentile of the release draws, dotted), and the planner's prediction from one head (w held
+    fixed; dashed, the smallest head's; dash-dot, the largest's). The targets 90% / 80% for scale."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 3.9))
+    totals = sorted({r["epsilon_w"] for r in rows})
+    cmap = plt.get_cmap("viridis")
+    planners = sorted({r["from_persons"] for r in rows if r["kind"] == "planned"})
+    for i, e in enumerate(totals):
+        color = cmap(i / max(len(totals) - 1, 1))
+        got = sorted((r for r in rows if r["kind"] == "measured" and r["epsilon_w"] == e and r["share_mean"] is not None),
+                     key=lambda r: r["persons"])
+        if got:
+            ax.plot([r["persons"] for r in got], [r["share_mean"] for r in got], color=color, marker="o", ms=4,
+                    label=f"measured, epsilon_w {e:g}: mean")
+            ax.plot([r["persons"] for r in got], [r["share_p5"] for r in got], color=color, ls=":", marker="v", ms=3,
+                    label=f"measured, epsilon_w {e:g}: 5th percentile")
+        for own, ls in zip(planners, ("--", "-.")):
+            plan = sorted((r for r in rows if r["kind"] == "planned" and r["epsilon_w"] == e and r["from_persons"] == own
+                           and r["share_mean"] is not None), key=lambda r: r["persons"])
+            if plan:
+                ax.plot([r["persons"] for r in plan], [r["share_mean"] for r in plan], color=color, ls=ls, lw=1,
+                        alpha=0.8, label=f"planner from the P = {own:,} head, epsilon_w {e:g}: mean")
+    ax.axhline(0.9, color="#777", lw=0.8, ls="--")
+    ax.axhline(0.8, color="#777", lw=0.8, ls=":")
+    ax.axhline(0.0, color="#bbb", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_ylim(-1.0, 1.1)
+    ax.set_xlabel("persons P (k pairs each at most)")
+    ax.set_ylabel("share of BoN's lift kept")
+    ax.set_title(title or "release: share of BoN's lift kept against persons", fontsize=9)
+    ax.legend(fontsize=5.5, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    ax.grid(alpha=0.3)
+    return _save(fig, out, name)
