@@ -214,6 +214,7 @@ def test_cli_train_and_check_sensitivity(tmp_path):
                               "--trials", "20"])
     assert res.exit_code == 0, res.output
     assert "certified Delta_r" in res.output and "changed in 0" in " ".join(res.output.split())
+    assert "retraining rm.json on its neighbours: 21/21" in res.output  # progress: the model's own + 20 trials
     res = runner.invoke(app, ["rm", "train", "--features", "policy", "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "--pool" in res.output
 

@@ -10,7 +10,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from ._common import _fail, _out_file, _train_pool, console, parse_float_list, parse_int_list, private_path
+from ._common import _fail, _out_file, _progress, _train_pool, console, parse_float_list, parse_int_list, private_path
 
 
 rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")
@@ -292,7 +292,10 @@ def rm_check_sensitivity(model: Path = typer.Argument(..., help="a policy-bt mod
         _fail(f"{model}: {e}")
     p, raw = _train_pool(pool)
     try:
-        rows = check_sensitivity(m, raw, p.columns["prompt_id"], p.columns["true_reward"], trials, seed)
+        with _progress() as bar:  # nothing is written before the end: a rerun starts over
+            job = bar.add_task(f"retraining {model.name} on its neighbours", total=trials + 1)
+            rows = check_sensitivity(m, raw, p.columns["prompt_id"], p.columns["true_reward"], trials, seed,
+                                     progress=lambda done, total: bar.update(job, completed=done, total=total))
     except ValueError as e:
         _fail(str(e))
     worst_score = max(r["max_score_change"] for r in rows)

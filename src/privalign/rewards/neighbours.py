@@ -184,18 +184,22 @@ def strongest(ranked: list[tuple[float, Edit]], count: int) -> list[tuple[float,
 
 
 def search(model, raw, prompt_ids, correct, trials: int, seed: int = 0, persons: int | None = None,
-           choices: dict | None = None) -> tuple[Trained, list[dict]]:
+           choices: dict | None = None, progress=None) -> tuple[Trained, list[dict]]:
     """Rerun the model's whole procedure on its pool (which must reproduce it) and on the ``trials``
     data-level neighbours predicted to move w the most (``candidates``, ``strongest``); one row each:
     the edit, the person, the predicted and realised ||w_D - w_D'||, the largest score change over the
     train samples (each head with its own feature map), whether the chosen settings changed, and the
     certified Delta_r. ``choices`` (default: a fresh dict) shares step 2 of the procedure between
-    reruns whose validation rows are the same (``train_procedure``)."""
+    reruns whose validation rows are the same (``train_procedure``). ``progress(done, total)``, when
+    given, is called after each retraining (the model's own first: ``trials`` + 1 in all)."""
     from .policy_bt import model_procedure, retrain
+
+    tick = progress or (lambda done, total: None)
 
     choices = {} if choices is None else choices
     raw = np.asarray(raw)
     base = retrain(model, raw, prompt_ids, correct, choices=choices)
+    tick(1, trials + 1)
     proc = model_procedure(model)
     rng = np.random.default_rng(seed)
     ranked = candidates(base, raw, prompt_ids, correct, proc, rng, persons)
@@ -210,12 +214,13 @@ def search(model, raw, prompt_ids, correct, trials: int, seed: int = 0, persons:
                      "max_score_change": float(np.max(np.abs(probe - t.feature_map(raw) @ t.w))),
                      "weight_change": float(np.linalg.norm(base.w - t.w)) if same else math.inf,
                      "w_neighbour": t.w, "certified": model.sensitivity})
+        tick(trial + 2, trials + 1)
     return base, rows
 
 
 def check_sensitivity(model, raw, prompt_ids, correct, trials: int = 24, seed: int = 0,
-                      persons: int | None = None) -> list[dict]:
+                      persons: int | None = None, progress=None) -> list[dict]:
     """``search``'s rows without the neighbours' weights: the whole procedure rerun on the ``trials``
     data-level neighbours of the train pool that move w the most, beside the certified Delta_r."""
     return [{k: v for k, v in r.items() if k != "w_neighbour"}
-            for r in search(model, raw, prompt_ids, correct, trials, seed, persons)[1]]
+            for r in search(model, raw, prompt_ids, correct, trials, seed, persons, progress=progress)[1]]
