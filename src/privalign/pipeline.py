@@ -169,7 +169,8 @@ def merge_shards(shards: Path, metadata: dict) -> Pool:
 def featurize_pool(path: str | Path, generator, progress: Callable[[int, int], None] | None = None) -> Path:
     """Teacher-force a pool's responses through its policy and save the features beside it
     (``<pool>.features.npz``), as ``generate --features`` would have recorded them: a response with
-    ``n_tokens`` at the pool's ``max_new_tokens`` was cut, not closed by a sampled EOS."""
+    ``n_tokens`` at the pool's ``max_new_tokens`` was cut, not closed by a sampled EOS. A prompt's
+    samples that repeat a text (and whether it was closed) are computed once."""
     from .tasks import Problem, get_task
 
     pool = load_pool(path)
@@ -182,12 +183,14 @@ def featurize_pool(path: str | Path, generator, progress: Callable[[int, int], N
         rows = np.flatnonzero(pid == p)
         prompt = str(pool.columns["prompt"][rows[0]])
         responses = ["" if pool.columns["response"][i] is None else str(pool.columns["response"][i]) for i in rows]
-        closed = None if cap is None else [int(pool.columns["n_tokens"][i]) < int(cap) for i in rows]
-        raw = generator.featurize(task.messages(Problem(id=p, question=prompt, reference="")), responses,
-                                  closed=closed)
+        closed = [True] * rows.size if cap is None else [int(pool.columns["n_tokens"][i]) < int(cap) for i in rows]
+        distinct = list(dict.fromkeys(zip(responses, closed)))
+        raw = generator.featurize(task.messages(Problem(id=p, question=prompt, reference="")),
+                                  [r for r, _ in distinct], closed=None if cap is None else [c for _, c in distinct])
         if out.shape[1] == 0:
             out = np.zeros((pid.size, raw.shape[1]), np.float32)
-        out[rows] = raw
+        at = {key: j for j, key in enumerate(distinct)}
+        out[rows] = raw[[at[key] for key in zip(responses, closed)]]
         done += rows.size
         if progress:
             progress(done, pid.size)
