@@ -51,7 +51,7 @@ def test_a_users_file_through_train_release_evaluate(files, tmp_path):
     assert head.sensitivity == pytest.approx(4 * 3 / (24 * head.lam) + 2e-9 / head.lam)
     g = head.guarantee()
     assert "user_id" in g["adjacency"] and g["public_inputs"]["person_ids"]["count"] == 8
-    assert mine.with_name("mine.jsonl.features-smollm2.npz").exists()  # cached by content beside the file
+    assert list(mine.with_name("mine.jsonl.features-smollm2").glob("part-*.npy"))  # cached by content beside the file
     released = ReleasedHead.load(tmp_path / "head.released.json")
     assert released.release["unit"] == "person" and released.release["persons"] == 8
     # evaluate: the exact head, the log-probability alone and releases over draws, as JSON

@@ -28,12 +28,18 @@ def read_table(path: Path, privacy_unit: Optional[str], option: str = "--prefere
 
 
 def pairs_of(table, model: str, policy=None):
-    """The table's pairs with their raw policy features (cached beside the file)."""
-    from ..backends import load_policy
+    """The table's pairs with their raw policy features (cached beside the file, read from it when
+    used), and the policy: ``policy``, or the one loaded here (None when every text was cached)."""
     from ..preference_features import featurize_table
     from ..rewards.preference_bt import PreferencePairs
 
-    policy = policy or load_policy(model)
+    loaded = {"policy": policy}
+
+    def load():
+        from ..backends import load_policy
+
+        loaded["policy"] = load_policy(model)
+        return loaded["policy"]
     resume = ("interrupted: the features computed so far are cached beside the file; rerun the same command to "
               "resume")
     shown: dict = {}
@@ -45,8 +51,8 @@ def pairs_of(table, model: str, policy=None):
                 shown["job"] = shown["bar"].add_task(f"featurizing {table.source.name} with {model}", total=total)
             shown["bar"].update(shown["job"], completed=done, total=total)
 
-        chosen, rejected = featurize_table(table, policy, model, progress=show)
-    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), policy
+        chosen, rejected = featurize_table(table, policy, model, progress=show, load_policy=load)
+    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), loaded["policy"]
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,

@@ -96,16 +96,19 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
 
     if public.persons < 2:
         raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
+    # read into memory once (the feature map's SVD needs every public row), then mapped per candidate
+    public = PreferencePairs(np.asarray(public.chosen, np.float32), np.asarray(public.rejected, np.float32),
+                             public.person)
     half_a, half_b = split_ids(public.person, 0.5, seed)
     in_a = np.isin(public.person, sorted(half_a))
     fit = PreferencePairs(public.chosen[in_a], public.rejected[in_a], public.person[in_a])
     score = PreferencePairs(public.chosen[~in_a], public.rejected[~in_a], public.person[~in_a])
-    raw = np.concatenate([public.chosen, public.rejected])
+    full = FeatureMap.fit(np.concatenate([public.chosen, public.rejected]), q=max(grid["components"]))
     rows, best = [], None
     for q in grid["components"]:
         for c in grid["cs"]:
             for lp_clip in grid["lp_clips"]:
-                fmap = FeatureMap.fit(raw, q=q, c=c, lp_clip=lp_clip)
+                fmap = full.with_settings(q, c, lp_clip)
                 d, _ = _bounded_diffs(fmap, fit, k, seed)
                 for lam in grid["lambdas"]:
                     w, _ = fit_bt(d, lam, g_tol, normalizer=fit.persons * k)
