@@ -144,6 +144,7 @@ def _print_compositions(out, title: str, counts, eps_of: dict, pool: Optional[Pa
 def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[float], tail_share: Optional[float]):
     """``plan --model``'s checks, made before anything is printed: (the head, the pool, the head's
     coordinates phi on its rows, the 5th-percentile share asked for)."""
+    from ..pipeline import pool_head_phi
     from ..rewards.policy_bt import PolicyBTReward
 
     if target_share is not None and not 0 < target_share <= 1:
@@ -156,7 +157,10 @@ def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[fl
     except (ValueError, OSError, KeyError) as e:
         _fail(f"{model}: {e}")
     p = _load(pool)
-    return head, p, _head_phi(head, p, pool), tail
+    try:
+        return head, p, pool_head_phi(head, p, pool), tail
+    except ValueError as e:
+        _fail(str(e))
 
 
 NOT_COVERED = ("note: this plan reads the exact head w_D, trained on D without noise: an epsilon_w or a mode chosen "
@@ -226,24 +230,6 @@ def _recommendation(full: dict, best: tuple, base: float) -> str:
     if release_wins and (not per_query_wins or full["p5"] >= best[0]):
         return f"recommended: release then BoN ({said})"
     return f"recommended: per-query noise ({best[1]}) ({said})"
-
-
-def _head_phi(head, p, pool: Path) -> np.ndarray:
-    """The head's feature coordinates on the pool's rows: from its recorded policy features
-    (``privalign featurize``), or else from the coordinates the pool carries for this very head
-    (``privalign score --head-features``, as the shipped pools do for their person heads)."""
-    from ..pipeline import pool_features
-    from ..rewards.release import head_phi
-
-    raw = pool_features(p, pool)
-    if raw is not None:
-        return head_phi(head, raw)
-    stored = p.head_features(head.name)
-    recorded = (p.metadata.get("head_features") or {}).get(head.name, {})
-    if stored is None or recorded.get("head_id") != head.meta.get("head_id"):
-        _fail(f"{pool} has neither recorded policy features ({pool}.features.npz: run privalign featurize {pool}) "
-              f"nor the feature coordinates of head {head.name!r} (privalign score --head-features)")
-    return head_phi(head, None, stored)
 
 
 def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, target_share: float, tail: float, n: int,
