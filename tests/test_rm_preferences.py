@@ -266,3 +266,50 @@ def test_rm_evaluate_refuses_a_pool_without_features_in_one_line(stub_head, tmp_
                                    "--pool", str(tmp_path / "bare.parquet")])
     out = " ".join(res.output.split())
     assert res.exit_code == 2 and "privalign featurize" in out and len(res.output.strip().splitlines()) <= 3, out
+
+
+def test_plan_says_how_many_persons_a_release_needs_on_held_out_pairs(stub_head):
+    """plan --model HEAD --preferences HELDOUT: the fewest persons whose release keeps 90% of the exact
+    head's gain over chance on average and 80% at the 5th percentile, w held fixed; noise 1/P."""
+    from privalign.rewards.preference_bt import pair_diffs, pairwise_share, persons_for_pairwise_share
+
+    d, head, _ = stub_head
+    res = CliRunner().invoke(app, ["plan", "--model", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"),
+                                   "--release-epsilon", "0.3,1", "--release-delta", "1e-7", "--draws", "40"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "reads the exact head w_D" in out and "not covered by the guarantee" in out
+    assert out.count("not covered") == 1
+    table = read_preferences(d / "heldout.jsonl", "row")
+    from privalign.preference_features import featurize_table
+
+    diffs = pair_diffs(head.feature_map, PreferencePairs(*featurize_table(table, None, "stub"), table.person))
+    for eps in (0.3, 1.0):
+        got = persons_for_pairwise_share(head, diffs, eps, 1e-7, draws=40)
+        p, r = got["persons"], got["result"]
+        assert f"epsilon_w {eps:g}: with its own 200 persons" in out and f"{p:,} persons ({p * 4:,} pairs at k = 4)" in out
+        assert r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8
+        fewer = pairwise_share(head, diffs, eps, 1e-7, draws=40, persons=int(p / 1.1))
+        assert fewer["share_mean"] < 0.9 or fewer["share_p5"] < 0.8
+    twice = [pairwise_share(head, diffs, 1.0, 1e-7, persons=q)["sigma"] for q in (300, 600)]
+    assert twice[0] / twice[1] == pytest.approx(2, rel=1e-6)  # sigma proportional to 1/P at fixed k, lambda
+
+
+def test_plan_with_preferences_refuses_bad_input_in_one_line(stub_head):
+    d, head, _ = stub_head
+    from privalign.rewards.release import release_head
+
+    release_head(head, 3.0, 1e-6, np.random.default_rng(0)).save(d / "rel.json")
+    base = ["plan", "--preferences", str(d / "heldout.jsonl")]
+    for args, message in [
+        ([], "--preferences needs --model"),
+        (["--model", str(d / "head.json")], "needs --release-epsilon"),
+        (["--model", str(d / "rel.json"), "--release-epsilon", "1"], "is a released head"),
+        (["--model", str(d / "head.json"), "--release-epsilon", "1", "--release-delta", "0.01"], "delta must lie in"),
+        (["--model", str(d / "head.json"), "--release-epsilon", "1", "--target-share", "1.5"], "--target-share must"),
+    ]:
+        res = CliRunner().invoke(app, [*base, *args])
+        out = " ".join(res.output.split())
+        assert res.exit_code == 2 and message in out and len(res.output.strip().splitlines()) <= 2, out
+    res = CliRunner().invoke(app, ["plan", "--epsilon", "0.1"])
+    assert res.exit_code == 2 and "--epsilon-total is required" in " ".join(res.output.split())

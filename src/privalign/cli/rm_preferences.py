@@ -147,7 +147,7 @@ def load_head(path: Path, exact: bool = False):
 
 def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release_epsilon, release_delta: float,
                   draws: int, seed: int, pool: Optional[Path] = None, n: int = 16) -> dict:
-    from ..rewards.preference_bt import accuracy_interval, pair_correct, released_accuracies
+    from ..rewards.preference_bt import accuracy_interval, pair_correct, pair_diffs, released_accuracies
     from ..rewards.release import check_release, release_noise_scale
 
     head = load_head(head_path)
@@ -163,7 +163,8 @@ def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release
         _fail(str(e))
     on_pool = _pool_phi(head, pool) if pool is not None else None  # checked before the slow featurizing
     pairs, _ = pairs_of(read_table(preferences, privacy_unit), head.base_model)
-    acc = accuracy_interval(pair_correct(w, head.feature_map, pairs))
+    diffs = pair_diffs(head.feature_map, pairs)
+    acc = accuracy_interval(pair_correct(w, diffs))
     lp = pairs.chosen[:, -1] - pairs.rejected[:, -1]
     out = {"head": str(head_path), "pairs": int(pairs.person.size), "exact" if exact else "released":
            dict(zip(("accuracy", "lo", "hi"), acc)),
@@ -172,7 +173,7 @@ def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release
     rng = np.random.default_rng(seed)
     for eps in eps_list:
         sigma = release_noise_scale(head, eps, release_delta)
-        accs = released_accuracies(head.w, head.feature_map, pairs, sigma, rng, draws)
+        accs = released_accuracies(head.w, diffs, sigma, rng, draws)
         out["releases"].append({"epsilon_w": eps, "delta_w": release_delta, "sigma": sigma, "draws": draws,
                                 "mean": float(accs.mean()), "p5": float(np.percentile(accs, 5))})
     if on_pool is not None:
