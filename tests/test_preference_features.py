@@ -123,6 +123,7 @@ def test_cached_rows_select_read_and_map_like_an_array(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(chosen[pick]), want[pick])
     np.testing.assert_array_equal(np.asarray(chosen[want[:, 0] > 0]), want[want[:, 0] > 0])
     np.testing.assert_array_equal(chosen[10:20][:, -1], want[10:20, -1])
+    np.testing.assert_array_equal(chosen[-1], want[-1])
     fmap = FeatureMap.fit(want, q=4)
     np.testing.assert_allclose(fmap(chosen[pick]), fmap(want[pick]), rtol=0, atol=1e-12)
     monkeypatch.setattr("privalign.rewards.policy_bt.MAP_ROWS", 7)  # an array is mapped in blocks too

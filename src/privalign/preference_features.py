@@ -144,6 +144,8 @@ class CachedRows:
         return self.codes.size
 
     def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            return np.asarray(CachedRows(self.store, self.codes[[key]]))[0]
         if isinstance(key, tuple):
             rows, cols = key[0], key[1:]
             return self[rows].map_rows(lambda block: block[(slice(None), *cols)])

@@ -102,8 +102,7 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
     if public.persons < 2:
         raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
     # read into memory once (the feature map's SVD needs every public row), then mapped per candidate
-    public = PreferencePairs(np.asarray(public.chosen, np.float32), np.asarray(public.rejected, np.float32),
-                             public.person)
+    public = PreferencePairs(np.asarray(public.chosen), np.asarray(public.rejected), public.person)
     half_a, half_b = split_ids(public.person, 0.5, seed)
     in_a = np.isin(public.person, sorted(half_a))
     fit = PreferencePairs(public.chosen[in_a], public.rejected[in_a], public.person[in_a])
