@@ -287,7 +287,8 @@ def test_plan_says_how_many_persons_a_release_needs_on_held_out_pairs(stub_head)
     for eps in (0.3, 1.0):
         got = persons_for_pairwise_share(head, diffs, eps, 1e-7, draws=40)
         p, r = got["persons"], got["result"]
-        assert f"epsilon_w {eps:g}: with its own 200 persons" in out and f"{p:,} persons ({p * 4:,} pairs at k = 4)" in out
+        assert f"epsilon_w {eps:g}: with its own 200 persons" in out
+        assert f"{p:,} persons ({p * 4:,} pairs at k = 4)" in out
         assert r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8
         fewer = pairwise_share(head, diffs, eps, 1e-7, draws=40, persons=int(p / 1.1))
         assert fewer["share_mean"] < 0.9 or fewer["share_p5"] < 0.8

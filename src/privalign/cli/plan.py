@@ -352,6 +352,7 @@ def _persons_line(head, epsilon: float, delta: float, own: dict, got: dict, targ
     if got["persons"] is None:
         return said + (f"even {r['persons']:,} persons do not keep {target:.0%} ({r['share_mean']:.0%} on average, "
                        f"{r['share_p5']:.0%} at the 5th percentile)")
-    note = "" if delta < 1 / r["persons"] else f" (a head on that many persons needs delta_w < 1/P = {1 / r['persons']:.3g})"
+    note = ("" if delta < 1 / r["persons"] else
+            f" (a head on that many persons needs delta_w < 1/P = {1 / r['persons']:.3g})")
     return said + (f"{r['persons']:,} persons ({r['persons'] * head.k:,} pairs at k = {head.k}) keep {r['mean']:.3f} "
                    f"({r['share_mean']:.0%}) and {r['p5']:.3f} ({r['share_p5']:.0%}){note}")
