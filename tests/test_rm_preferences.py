@@ -292,6 +292,9 @@ def test_plan_says_how_many_persons_a_release_needs_on_held_out_pairs(stub_head)
         assert r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8
         fewer = pairwise_share(head, diffs, eps, 1e-7, draws=40, persons=int(p / 1.1))
         assert fewer["share_mean"] < 0.9 or fewer["share_p5"] < 0.8
+    res = CliRunner().invoke(app, ["plan", "--model", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"),
+                                   "--release-epsilon", "0.3", "--release-delta", "4e-3", "--draws", "40"])
+    assert res.exit_code == 0 and "needs delta_w < 1/P" in " ".join(res.output.split()), res.output
     twice = [pairwise_share(head, diffs, 1.0, 1e-7, persons=q)["sigma"] for q in (300, 600)]
     assert twice[0] / twice[1] == pytest.approx(2, rel=1e-6)  # sigma proportional to 1/P at fixed k, lambda
 
