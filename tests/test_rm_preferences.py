@@ -51,7 +51,7 @@ def test_a_users_file_through_train_release_evaluate(files, tmp_path):
     assert head.sensitivity == pytest.approx(4 * 3 / (24 * head.lam) + 2e-9 / head.lam)
     g = head.guarantee()
     assert "user_id" in g["adjacency"] and g["public_inputs"]["person_ids"]["count"] == 8
-    assert mine.with_name("mine.jsonl.features-smollm2.npz").exists()  # cached by content beside the file
+    assert list(mine.with_name("mine.jsonl.features-smollm2").glob("part-*.npy"))  # cached by content beside the file
     released = ReleasedHead.load(tmp_path / "head.released.json")
     assert released.release["unit"] == "person" and released.release["persons"] == 8
     # evaluate: the exact head, the log-probability alone and releases over draws, as JSON
@@ -212,3 +212,146 @@ def test_the_persons_figure_draws_measured_and_planned_shares(tmp_path):
              for p, s in ((250, 0.3), (4000, 0.95))]
     written = release_persons(rows, tmp_path, "persons")
     assert written and all((tmp_path / Path(w).name).exists() for w in written)
+
+HIDDEN = 4  # synthetic raw features [h_last, h_mean, lp] of width 2 * 4 + 1, from a "stub" policy
+
+
+def _signal(rng, rows: int, good) -> np.ndarray:
+    """Raw rows whose h_mean leans along the first axis by ``good`` (1 chosen or correct, 0 not)."""
+    raw = rng.standard_normal((rows, 2 * HIDDEN + 1))
+    raw[:, HIDDEN] += 2.0 * np.asarray(good, float)
+    raw[:, -1] = -rng.gamma(2.0, 0.5, rows)
+    return raw
+
+
+def _signal_pairs(rng, persons, per):
+    person = np.repeat([f"u{i}" for i in range(persons)], per)
+    return PreferencePairs(_signal(rng, person.size, 1), _signal(rng, person.size, 0), person)
+
+
+@pytest.fixture(scope="module")
+def stub_head(tmp_path_factory):
+    """A preference head on the stub's features (no model), a held-out file whose texts are already in
+    its cache, and a simulated pool with recorded stub features that tell correct from wrong."""
+    from privalign.pipeline import features_path, save_features
+    from privalign.preference_features import FeatureStore, cache_path, text_key
+    from privalign.simulate import simulate
+
+    d, rng = tmp_path_factory.mktemp("stub"), np.random.default_rng(3)
+    head, _ = train_preference_bt(_signal_pairs(rng, 200, 4), _signal_pairs(rng, 40, 4), k=4, base_model="stub",
+                                  grid={"lambdas": (0.3,), "components": (3,), "cs": (0.8,)}, target_epsilon=None)
+    head.save(d / "head.json")
+    rows = [{"prompt": f"Question {i}?", "chosen": f" yes {i}.", "rejected": f" no {i}.", "user_id": f"h{i % 9}"}
+            for i in range(120)]
+    (d / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = read_preferences(d / "heldout.jsonl", "row")
+    keys = [text_key("stub", p, t) for p, c, r in zip(table.prompts, table.chosen, table.rejected) for t in (c, r)]
+    FeatureStore(cache_path(table, "stub")).append(keys, np.stack([_signal(rng, 120, 1), _signal(rng, 120, 0)],
+                                                                  1).reshape(240, -1))
+    pool = simulate("hackable", 12, 40, seed=1)
+    pool.save(d / "pool.parquet")
+    save_features(features_path(d / "pool.parquet"), _signal(rng, 480, pool.columns["true_reward"] > 0.5),
+                  pool.columns["prompt_id"], pool.columns["sample_id"])
+    return d, head, pool
+
+
+def _bon_by_ranks(scores, y, n):
+    """BoN at n with replacement for distinct scores: the i-th smallest of S is best w.p. (i/S)^n - ((i-1)/S)^n."""
+    order = np.argsort(scores)
+    s = len(scores)
+    p = (np.arange(1, s + 1) / s) ** n - (np.arange(s) / s) ** n
+    return float(p @ np.asarray(y, float)[order])
+
+
+def test_rm_evaluate_with_a_pool_adds_bon_exact_released_and_the_base_policy(stub_head):
+    d, head, pool = stub_head
+    from privalign.pipeline import features_path
+    from privalign.rewards.release import release_head
+
+    args = ["rm", "evaluate", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"), "--pool",
+            str(d / "pool.parquet"), "--release-epsilon", "1,1e6", "--draws", "30"]
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    b = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]["bon"]
+    raw = np.load(features_path(d / "pool.parquet"))["features"]
+    pid, y = np.asarray(pool.columns["prompt_id"]), np.asarray(pool.columns["true_reward"], float)
+    scores = head.feature_map(raw) @ head.w
+    groups = [pid == p for p in np.unique(pid)]
+    assert b["n"] == 16 and b["prompts"] == 12
+    assert b["exact"] == pytest.approx(np.mean([_bon_by_ranks(scores[g], y[g], 16) for g in groups]), abs=1e-12)
+    assert b["base_policy"] == pytest.approx(np.mean([y[g].mean() for g in groups]))
+    assert b["exact"] > b["base_policy"]  # the stub's features tell correct from wrong
+    low, high = b["releases"]
+    assert low["p5"] <= low["mean"] and low["sigma"] > high["sigma"]
+    assert high["mean"] == pytest.approx(b["exact"], abs=1e-3) and high["share_mean"] == pytest.approx(1, abs=0.01)
+    table = " ".join(CliRunner().invoke(app, args).output.split())
+    assert "BoN (n=16) on pool.parquet" in table and "base policy" in table and "100% / 100%" in table
+    # a released head: BoN with its one draw
+    released = release_head(head, 3.0, 1e-6, np.random.default_rng(0))
+    released.save(d / "released.json")
+    res = CliRunner().invoke(app, ["rm", "evaluate", str(d / "released.json"), "--preferences",
+                                   str(d / "heldout.jsonl"), "--pool", str(d / "pool.parquet"), "--json"])
+    assert res.exit_code == 0, res.output
+    b = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]["bon"]
+    w_scores = head.feature_map(raw) @ released.w_tilde
+    assert b["released"] == pytest.approx(np.mean([_bon_by_ranks(w_scores[g], y[g], 16) for g in groups]), abs=1e-12)
+
+
+def test_rm_evaluate_refuses_a_pool_without_features_in_one_line(stub_head, tmp_path):
+    d, _, pool = stub_head
+    pool.save(tmp_path / "bare.parquet")
+    res = CliRunner().invoke(app, ["rm", "evaluate", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"),
+                                   "--pool", str(tmp_path / "bare.parquet")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "privalign featurize" in out and len(res.output.strip().splitlines()) <= 3, out
+
+
+def test_plan_says_how_many_persons_a_release_needs_on_held_out_pairs(stub_head):
+    """plan --model HEAD --preferences HELDOUT: the fewest persons whose release keeps 90% of the exact
+    head's gain over chance on average and 80% at the 5th percentile, w held fixed; noise 1/P."""
+    from privalign.rewards.preference_bt import pair_diffs, pairwise_share, persons_for_pairwise_share
+
+    d, head, _ = stub_head
+    res = CliRunner().invoke(app, ["plan", "--model", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"),
+                                   "--release-epsilon", "0.3,1", "--release-delta", "1e-7", "--draws", "40"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "reads the exact head w_D" in out and "not covered by the guarantee" in out
+    assert out.count("not covered") == 1
+    table = read_preferences(d / "heldout.jsonl", "row")
+    from privalign.preference_features import featurize_table
+
+    diffs = pair_diffs(head.feature_map, PreferencePairs(*featurize_table(table, None, "stub"), table.person))
+    for eps in (0.3, 1.0):
+        got = persons_for_pairwise_share(head, diffs, eps, 1e-7, draws=40)
+        p, r = got["persons"], got["result"]
+        assert f"epsilon_w {eps:g}: with its own 200 persons" in out
+        assert f"{p:,} persons ({p * 4:,} pairs at k = 4)" in out
+        assert r["share_mean"] >= 0.9 and r["share_p5"] >= 0.8
+        fewer = pairwise_share(head, diffs, eps, 1e-7, draws=40, persons=int(p / 1.1))
+        assert fewer["share_mean"] < 0.9 or fewer["share_p5"] < 0.8
+    res = CliRunner().invoke(app, ["plan", "--model", str(d / "head.json"), "--preferences", str(d / "heldout.jsonl"),
+                                   "--release-epsilon", "0.3", "--release-delta", "4e-3", "--draws", "40"])
+    assert res.exit_code == 0 and "needs delta_w < 1/P" in " ".join(res.output.split()), res.output
+    twice = [pairwise_share(head, diffs, 1.0, 1e-7, persons=q)["sigma"] for q in (300, 600)]
+    assert twice[0] / twice[1] == pytest.approx(2, rel=1e-6)  # sigma proportional to 1/P at fixed k, lambda
+
+
+def test_plan_with_preferences_refuses_bad_input_in_one_line(stub_head):
+    d, head, _ = stub_head
+    from privalign.rewards.release import release_head
+
+    release_head(head, 3.0, 1e-6, np.random.default_rng(0)).save(d / "rel.json")
+    base = ["plan", "--preferences", str(d / "heldout.jsonl")]
+    for args, message in [
+        ([], "--preferences needs --model"),
+        (["--model", str(d / "head.json")], "needs --release-epsilon"),
+        (["--model", str(d / "rel.json"), "--release-epsilon", "1"], "is a released head"),
+        (["--model", str(d / "head.json"), "--release-epsilon", "1", "--release-delta", "0.01"], "delta must lie in"),
+        (["--model", str(d / "head.json"), "--release-epsilon", "1", "--target-share", "1.5"], "--target-share must"),
+    ]:
+        res = CliRunner().invoke(app, [*base, *args])
+        out = " ".join(res.output.split())
+        assert res.exit_code == 2 and message in out and len(res.output.strip().splitlines()) <= 2, out
+    res = CliRunner().invoke(app, ["plan", "--epsilon", "0.1"])
+    assert res.exit_code == 2 and "--epsilon-total is required" in " ".join(res.output.split())

@@ -201,6 +201,28 @@ def featurize_pool(path: str | Path, generator, progress: Callable[[int, int], N
     return target
 
 
+def pool_head_phi(head, pool: Pool, pool_path: str | Path) -> np.ndarray:
+    """A head's feature coordinates on a pool's rows: its feature map of the pool's recorded policy
+    features (``privalign featurize``), or else the coordinates the pool carries for this very head
+    (``privalign score --head-features``, as the shipped pools do for their person heads; for a
+    released head, those of the exact head it was drawn from). A one-line ValueError when neither."""
+    from .rewards.release import head_phi
+
+    raw = pool_features(pool, pool_path)
+    if raw is not None:
+        return head_phi(head, raw)
+    release = getattr(head, "release", None)
+    name, head_id = ((release["source_name"], release["head_id"]) if release is not None
+                     else (head.name, head.meta.get("head_id")))
+    stored = pool.head_features(name)
+    recorded = (pool.metadata.get("head_features") or {}).get(name, {})
+    if stored is None or recorded.get("head_id") != head_id:
+        raise ValueError(f"{pool_path} has neither recorded policy features ({features_path(pool_path)}: run "
+                         f"privalign featurize {pool_path}) nor the feature coordinates of head {name!r} "
+                         "(privalign score --head-features)")
+    return head_phi(head, None, stored)
+
+
 class _RecordedFeatures(RewardModel):
     """A features-based reward model applied to features recorded with the pool."""
 

@@ -15,7 +15,8 @@ from ._common import _fail, _load, console, parse_float_list
 
 
 @app.command()
-def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
+def plan(epsilon_total: Optional[float] = typer.Option(None, help="the budget's epsilon (required but with "
+                                                                  "--preferences)"),
          delta_total: float = typer.Option(1e-6, help="the budget's delta"),
          mechanism: str = typer.Option("privbon", help="privbon, privbon-gaussian or privitp"),
          epsilon: Optional[float] = typer.Option(None, help="epsilon per query: how many queries?"),
@@ -46,14 +47,28 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
                                                                  "release keep this share of BoN's lift on average "
                                                                  "(and --tail-share at the 5th percentile)?"),
          tail_share: Optional[float] = typer.Option(None, help="with --target-share: the share the 5th percentile "
-                                                               "must keep (default: target - 0.1)")):
+                                                               "must keep (default: target - 0.1)"),
+         preferences: Optional[Path] = typer.Option(None, help="with --model (a head from rm train --preferences): "
+                                                               "held-out pairs; how many persons a release needs"),
+         privacy_unit: str = typer.Option("row", help="with --preferences: its person column (only read)"),
+         release_delta: Optional[float] = typer.Option(None, help="with --model: delta_w of the release (default: "
+                                                                  "--delta-total)")):
     """Plan a budget: queries per composition, or epsilon per query.
 
     basic, FSRC and zcdp side by side, with the Gaussian limit no zCDP accountant can pass. With
     --model, also the head released once at epsilon_w (then BoN, free for any number of queries):
-    its accuracy averaged over release draws and the 5th percentile a single deployment may get."""
+    its accuracy averaged over release draws and the 5th percentile a single deployment may get. With
+    --model and --preferences, how many persons its release needs to keep --target-share of the
+    head's held-out gain over chance."""
     from ..accounting import planner
 
+    release_delta = delta_total if release_delta is None else release_delta
+    if preferences is not None:
+        return _plan_persons(model, preferences, privacy_unit, release_epsilon, epsilon_total, release_delta,
+                             target_share, tail_share, draws, seed)
+    if epsilon_total is None:
+        _fail("--epsilon-total is required: the budget's epsilon (only plan --model HEAD --preferences FILE "
+              "goes without it)")
     if (epsilon is None) == (queries is None):
         _fail("give exactly one of --epsilon (how many queries?) and --queries (what epsilon per query?)")
     if mechanism not in planner.MECHANISMS:
@@ -94,7 +109,7 @@ def plan(epsilon_total: float = typer.Option(..., help="the budget's epsilon"),
     out = Console(soft_wrap=True)
     acc, refs = _print_compositions(out, title, counts, eps_of, pool, base, mechanism, n)
     if inputs is not None:
-        _plan_release(out, *inputs, release_epsilon, epsilon_total, delta_total, n, draws, seed,
+        _plan_release(out, *inputs, release_epsilon, epsilon_total, release_delta, n, draws, seed,
                       acc if desc is not None else None, pairs, target_share, pairs_per_person)
     if refs is not None:
         out.print(f"reward {desc['reward']}: m = {desc['m']} pairs, k = {desc['pairs_per_person']} per person"
@@ -144,6 +159,7 @@ def _print_compositions(out, title: str, counts, eps_of: dict, pool: Optional[Pa
 def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[float], tail_share: Optional[float]):
     """``plan --model``'s checks, made before anything is printed: (the head, the pool, the head's
     coordinates phi on its rows, the 5th-percentile share asked for)."""
+    from ..pipeline import pool_head_phi
     from ..rewards.policy_bt import PolicyBTReward
 
     if target_share is not None and not 0 < target_share <= 1:
@@ -156,12 +172,15 @@ def _release_inputs(model: Path, pool: Optional[Path], target_share: Optional[fl
     except (ValueError, OSError, KeyError) as e:
         _fail(f"{model}: {e}")
     p = _load(pool)
-    return head, p, _head_phi(head, p, pool), tail
+    try:
+        return head, p, pool_head_phi(head, p, pool), tail
+    except ValueError as e:
+        _fail(str(e))
 
 
-NOT_COVERED = ("note: this plan reads the exact head w_D, trained on D without noise: an epsilon_w or a mode chosen "
-               "from it depends on D, and that choice is not covered by the guarantee; to keep it covered, plan with "
-               "a head trained only on public persons (the curator's own or public preference data)")
+NOT_COVERED = ("note: this plan reads the exact head w_D, trained on D without noise: an epsilon_w, a mode or a number "
+               "of persons chosen from it depends on D, and that choice is not covered by the guarantee; to keep it "
+               "covered, plan with a head trained only on public persons (the curator's own or public preference data)")
 
 
 def _plan_release(out, head, p, phi, tail, release_epsilon, epsilon_total, delta_total, n, draws, seed,
@@ -228,24 +247,6 @@ def _recommendation(full: dict, best: tuple, base: float) -> str:
     return f"recommended: per-query noise ({best[1]}) ({said})"
 
 
-def _head_phi(head, p, pool: Path) -> np.ndarray:
-    """The head's feature coordinates on the pool's rows: from its recorded policy features
-    (``privalign featurize``), or else from the coordinates the pool carries for this very head
-    (``privalign score --head-features``, as the shipped pools do for their person heads)."""
-    from ..pipeline import pool_features
-    from ..rewards.release import head_phi
-
-    raw = pool_features(p, pool)
-    if raw is not None:
-        return head_phi(head, raw)
-    stored = p.head_features(head.name)
-    recorded = (p.metadata.get("head_features") or {}).get(head.name, {})
-    if stored is None or recorded.get("head_id") != head.meta.get("head_id"):
-        _fail(f"{pool} has neither recorded policy features ({pool}.features.npz: run privalign featurize {pool}) "
-              f"nor the feature coordinates of head {head.name!r} (privalign score --head-features)")
-    return head_phi(head, None, stored)
-
-
 def _print_pairs_for_share(out, head, p, phi, eps_list, delta_total: float, target_share: float, tail: float, n: int,
                            draws: int, seed: int, k: int) -> None:
     """``plan --target-share``: per epsilon_w, the fewest preference pairs, k from each person, whose
@@ -295,3 +296,63 @@ def _print_epsilon_for_share(out, head, p, phi, delta_total: float, target_share
         out.print(f"with its own {persons} persons: not even epsilon_w = {got['bounds'][1]:g} keeps "
                   f"{target_share:.0%} / {tail:.0%} ({r['share_mean']:.0%} on average, {r['share_p5']:.0%} at the "
                   f"5th percentile)", markup=False)
+
+
+def _plan_persons(model: Optional[Path], preferences: Path, privacy_unit: str, release_epsilon: Optional[str],
+                  epsilon_total: Optional[float], delta: float, target: Optional[float], tail: Optional[float],
+                  draws: int, seed: int) -> None:
+    """``plan --model HEAD --preferences HELDOUT``: per epsilon_w, the fewest persons whose release keeps
+    ``target`` (0.9) of the exact head's held-out gain over chance on average and ``tail`` (0.8) at the
+    5th percentile, w held fixed (``preference_bt.persons_for_pairwise_share``), beside what the head's
+    own persons keep."""
+    from ..rewards.preference_bt import pair_diffs, pairwise_share, persons_for_pairwise_share
+    from ..rewards.release import check_release
+    from .rm_preferences import load_head, pairs_of, read_table
+
+    if model is None:
+        _fail("--preferences needs --model: the exact head (rm train --preferences) whose release it sizes")
+    if release_epsilon is None and epsilon_total is None:
+        _fail("--preferences needs --release-epsilon: the epsilon_w values to size the release for")
+    target = 0.9 if target is None else target
+    tail = target - 0.1 if tail is None else tail
+    if not (0 < target <= 1 and 0 <= tail <= 1):
+        _fail(f"--target-share must lie in (0, 1] and --tail-share in [0, 1], got {target!r} and {tail!r}")
+    head = load_head(model, exact=True)
+    eps_list = parse_float_list(release_epsilon) if release_epsilon else [epsilon_total]
+    try:
+        for e in eps_list:
+            check_release(head, e, delta)
+    except ValueError as e:
+        _fail(str(e))
+    diffs = pair_diffs(head.feature_map, pairs_of(read_table(preferences, privacy_unit), head.base_model)[0])
+    out = Console(soft_wrap=True)
+    out.print(NOT_COVERED, markup=False)
+    own = [pairwise_share(head, diffs, e, delta, draws, seed) for e in eps_list]
+    out.print(f"exact head: pairwise accuracy {own[0]['exact']:.3f} on {len(diffs)} held-out pairs of "
+              f"{preferences.name} (gain over chance {own[0]['exact'] - 0.5:+.3f}); P = {head.persons} persons, "
+              f"k = {head.k}, lambda = {head.lam:g}, Delta_r = {head.sensitivity:.3g}; target {target:.0%} of the gain "
+              f"on average and {tail:.0%} at the 5th percentile over {draws} release draws (noise only, w held fixed)",
+              markup=False)
+    if own[0]["share_mean"] is None:
+        out.print("the exact head has no gain over chance on these pairs: no number of persons makes a release keep "
+                  "a share of it", markup=False)
+        return
+    with console.status("sizing the persons"):
+        for e, r in zip(eps_list, own):
+            got = persons_for_pairwise_share(head, diffs, e, delta, target, tail, draws, seed)
+            out.print(_persons_line(head, e, delta, r, got, target), markup=False)
+
+
+def _persons_line(head, epsilon: float, delta: float, own: dict, got: dict, target: float) -> str:
+    """One epsilon_w's answer: its own persons' release, and the fewest persons that meet the target."""
+    said = (f"epsilon_w {epsilon:g}: with its own {head.persons} persons the release keeps {own['mean']:.3f} on "
+            f"average ({own['share_mean']:.0%} of the gain), {own['p5']:.3f} at the 5th percentile "
+            f"({own['share_p5']:.0%}); ")
+    r = got["result"]
+    if got["persons"] is None:
+        return said + (f"even {r['persons']:,} persons do not keep {target:.0%} ({r['share_mean']:.0%} on average, "
+                       f"{r['share_p5']:.0%} at the 5th percentile)")
+    note = ("" if delta < 1 / r["persons"] else
+            f" (a head on that many persons needs delta_w < 1/P = {1 / r['persons']:.3g})")
+    return said + (f"{r['persons']:,} persons ({r['persons'] * head.k:,} pairs at k = {head.k}) keep {r['mean']:.3f} "
+                   f"({r['share_mean']:.0%}) and {r['p5']:.3f} ({r['share_p5']:.0%}){note}")

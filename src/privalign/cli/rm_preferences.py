@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import typer
 
-from ._common import _fail, _progress, console, parse_float_list, private_path
+from ._common import _fail, _load, _progress, console, parse_float_list, private_path
 
 
 def read_table(path: Path, privacy_unit: Optional[str], option: str = "--preferences"):
@@ -28,12 +28,18 @@ def read_table(path: Path, privacy_unit: Optional[str], option: str = "--prefere
 
 
 def pairs_of(table, model: str, policy=None):
-    """The table's pairs with their raw policy features (cached beside the file)."""
-    from ..backends import load_policy
+    """The table's pairs with their raw policy features (cached beside the file, read from it when
+    used), and the policy: ``policy``, or the one loaded here (None when every text was cached)."""
     from ..preference_features import featurize_table
     from ..rewards.preference_bt import PreferencePairs
 
-    policy = policy or load_policy(model)
+    loaded = {"policy": policy}
+
+    def load():
+        from ..backends import load_policy
+
+        loaded["policy"] = load_policy(model)
+        return loaded["policy"]
     resume = ("interrupted: the features computed so far are cached beside the file; rerun the same command to "
               "resume")
     shown: dict = {}
@@ -45,8 +51,8 @@ def pairs_of(table, model: str, policy=None):
                 shown["job"] = shown["bar"].add_task(f"featurizing {table.source.name} with {model}", total=total)
             shown["bar"].update(shown["job"], completed=done, total=total)
 
-        chosen, rejected = featurize_table(table, policy, model, progress=show)
-    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), policy
+        chosen, rejected = featurize_table(table, policy, model, progress=show, load_policy=load)
+    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), loaded["policy"]
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
@@ -118,50 +124,97 @@ def rm_evaluate(head: Path = typer.Argument(..., help="a head trained by rm trai
                 release_delta: float = typer.Option(1e-6, help="delta_w of those releases"),
                 draws: int = typer.Option(60, help="release draws"),
                 seed: int = typer.Option(0),
+                pool: Optional[Path] = typer.Option(None, help="a pool of the head's policy with its features "
+                                                               "(privalign featurize): add BoN's accuracy on it"),
+                n: int = typer.Option(16, min=1, help="with --pool: BoN's candidates per prompt"),
                 json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table")):
     """Held-out pairwise accuracy of a preference head (95% Wilson interval), beside the log-probability
-    alone, and of its release at each --release-epsilon (mean and 5th percentile over draws)."""
-    result = evaluate_head(head, preferences, privacy_unit, release_epsilon, release_delta, draws, seed)
+    alone, and of its release at each --release-epsilon (mean and 5th percentile over draws); with
+    --pool, BoN's accuracy at --n on that pool too (exact, each release over draws, the base policy)."""
+    result = evaluate_head(head, preferences, privacy_unit, release_epsilon, release_delta, draws, seed, pool, n)
     if json_out:
         print(json.dumps(result, indent=1))
         return
     _print_evaluation(result)
 
 
-def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release_epsilon, release_delta: float,
-                  draws: int, seed: int) -> dict:
+def load_head(path: Path, exact: bool = False):
+    """The head in ``path``: a ``PolicyBTReward``, or a ``ReleasedHead`` unless ``exact``."""
     from ..rewards.policy_bt import PolicyBTReward
-    from ..rewards.preference_bt import accuracy_interval, pair_correct, released_accuracies
-    from ..rewards.release import ReleasedHead, check_release, release_noise_scale
+    from ..rewards.release import ReleasedHead
 
     try:
-        body = json.loads(head_path.read_text())
-        head = ReleasedHead.load(head_path) if body.get("kind") == "policy-bt-released" else \
-            PolicyBTReward.load(head_path)
-    except (OSError, ValueError, KeyError) as e:
-        _fail(f"{head_path}: {e}")
+        released = json.loads(path.read_text()).get("kind") == "policy-bt-released"
+        if released and exact:
+            _fail(f"{path} is a released head; this needs the operator's exact file (w, read from D)")
+        return ReleasedHead.load(path) if released else PolicyBTReward.load(path)
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        _fail(f"{path}: {e}")
+
+
+def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release_epsilon, release_delta: float,
+                  draws: int, seed: int, pool: Optional[Path] = None, n: int = 16) -> dict:
+    from ..rewards.preference_bt import accuracy_interval, pair_correct, pair_diffs, released_accuracies
+    from ..rewards.release import check_release, release_noise_scale
+
+    head = load_head(head_path)
+    exact = hasattr(head, "w")
+    w = head.w if exact else head.w_tilde
+    eps_list = parse_float_list(release_epsilon) if release_epsilon else []
+    if eps_list and not exact:
+        _fail("--release-epsilon simulates releases of the exact head: pass the operator's exact file")
+    try:
+        for eps in eps_list:
+            check_release(head, eps, release_delta)
+    except ValueError as e:
+        _fail(str(e))
+    on_pool = _pool_phi(head, pool) if pool is not None else None  # checked before the slow featurizing
     pairs, _ = pairs_of(read_table(preferences, privacy_unit), head.base_model)
-    w = getattr(head, "w", None)
-    w = head.w_tilde if w is None else w
-    acc = accuracy_interval(pair_correct(w, head.feature_map, pairs))
+    diffs = pair_diffs(head.feature_map, pairs)
+    acc = accuracy_interval(pair_correct(w, diffs))
     lp = pairs.chosen[:, -1] - pairs.rejected[:, -1]
-    out = {"head": str(head_path), "pairs": int(pairs.person.size), "exact" if hasattr(head, "w") else "released":
+    out = {"head": str(head_path), "pairs": int(pairs.person.size), "exact" if exact else "released":
            dict(zip(("accuracy", "lo", "hi"), acc)),
            "logprob_alone": dict(zip(("accuracy", "lo", "hi"), accuracy_interval(np.where(lp > 0, 1.0, np.where(
                lp < 0, 0.0, 0.5))))), "releases": []}
-    if release_epsilon:
-        if not hasattr(head, "w"):
-            _fail("--release-epsilon simulates releases of the exact head: pass the operator's exact file")
-        rng = np.random.default_rng(seed)
-        for eps in parse_float_list(release_epsilon):
-            try:
-                check_release(head, eps, release_delta)
-            except ValueError as e:
-                _fail(str(e))
-            sigma = release_noise_scale(head, eps, release_delta)
-            accs = released_accuracies(head.w, head.feature_map, pairs, sigma, rng, draws)
-            out["releases"].append({"epsilon_w": eps, "delta_w": release_delta, "sigma": sigma, "draws": draws,
-                                    "mean": float(accs.mean()), "p5": float(np.percentile(accs, 5))})
+    rng = np.random.default_rng(seed)
+    for eps in eps_list:
+        sigma = release_noise_scale(head, eps, release_delta)
+        accs = released_accuracies(head.w, diffs, sigma, rng, draws)
+        out["releases"].append({"epsilon_w": eps, "delta_w": release_delta, "sigma": sigma, "draws": draws,
+                                "mean": float(accs.mean()), "p5": float(np.percentile(accs, 5))})
+    if on_pool is not None:
+        out["bon"] = _pool_bon(head, w, pool, *on_pool, eps_list, release_delta, draws, seed, n)
+    return out
+
+
+def _pool_phi(head, pool: Path):
+    """(the pool, the head's feature coordinates on its rows), or a one-line error."""
+    from ..pipeline import pool_head_phi
+
+    p = _load(pool)
+    try:
+        return p, pool_head_phi(head, p, pool)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _pool_bon(head, w, pool_path: Path, pool, phi, eps_list, delta: float, draws: int, seed: int, n: int) -> dict:
+    """``rm evaluate --pool``: BoN at n on the pool with the head (exact, or the released head's one draw)
+    and with each release over draws (``release_accuracy``, the same draws for every epsilon_w), and
+    the base policy, by the harness's exact BoN law."""
+    from ..evaluation.release import bon_accuracy
+    from ..rewards.release import release_accuracy
+
+    pid, y = pool.columns["prompt_id"], pool.columns["true_reward"]
+    ref = bon_accuracy(phi @ w, pid, y, n)
+    out = {"pool": str(pool_path), "n": n, "prompts": ref["prompts"], "draws": draws, "base_policy": ref["base"],
+           "exact" if hasattr(head, "w") else "released": ref["bon"], "releases": []}
+    for eps in eps_list:
+        r = release_accuracy(head, None, pid, y, eps, delta, n, draws, np.random.default_rng(seed), phi=phi)
+        out["releases"].append({"epsilon_w": eps, "delta_w": delta, "sigma": r["sigma"], "draws": draws,
+                                "mean": r["mean"], "p5": r["p5"], "share_mean": r["share_mean"],
+                                "share_p5": r["share_p5"]})
     return out
 
 
@@ -180,4 +233,25 @@ def _print_evaluation(r: dict) -> None:
     for rel in r["releases"]:
         table.add_row(escape(f"released at ({rel['epsilon_w']:g}, {rel['delta_w']:g})"), f"{rel['mean']:.3f} (mean)",
                       escape(f"5th percentile {rel['p5']:.3f} over {rel['draws']:d} draws"))
+    console.print(table)
+    if "bon" in r:
+        _print_pool_bon(r["bon"])
+
+
+def _print_pool_bon(b: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(f"BoN (n={b['n']}) on {Path(b['pool']).name} ({b['prompts']} prompts; releases: "
+                               f"mean and 5th percentile over {b['draws']} draws)"))
+    for col in ("selection", "accuracy", "5th percentile", "share of BoN's lift (mean / p5)"):
+        table.add_column(col, justify="right")
+    table.add_row("base policy", f"{b['base_policy']:.3f}", "", "")
+    for name, key in (("exact head", "exact"), ("released head", "released")):
+        if key in b:
+            table.add_row(name, f"{b[key]:.3f}", "", "")
+    for rel in b["releases"]:
+        share = "-" if rel["share_mean"] is None else f"{rel['share_mean']:.0%} / {rel['share_p5']:.0%}"
+        table.add_row(escape(f"released at ({rel['epsilon_w']:g}, {rel['delta_w']:g})"), f"{rel['mean']:.3f}",
+                      f"{rel['p5']:.3f}", share)
     console.print(table)

@@ -113,7 +113,20 @@ def release_curves(phi: np.ndarray, w, sigma: float, prompt_ids, correct, n_grid
     bon = np.mean([bon_exact_columns(scores[r], y[r], n_grid) for r in groups], axis=0)  # (n, draws)
     out = {("bon", n): bon[j] for j, n in enumerate(n_grid)}
     out.update({k: np.array([d[k] for d in per]) for k in exact if k[0] != "bon"})
-    return {"exact": exact, "draws": out, "base": float(np.mean([y[r].mean() for r in groups]))}
+    return {"exact": exact, "draws": out, "base": _base(groups, y)}
+
+
+def _base(groups: list[np.ndarray], y: np.ndarray) -> float:
+    """The base policy's accuracy (one sample), averaged over prompts."""
+    return float(np.mean([y[r].mean() for r in groups]))
+
+
+def bon_accuracy(scores: np.ndarray, prompt_ids, correct, n: int) -> dict:
+    """BoN's accuracy at n with ``scores`` (its exact law, n candidates drawn with replacement from each
+    prompt's samples, averaged over prompts) and the base policy's: {"bon", "base", "prompts"}."""
+    groups, y = _grid(prompt_ids), np.asarray(correct, float)
+    return {"bon": selection_curves(np.asarray(scores, float), groups, y, (n,))[("bon", n)], "base": _base(groups, y),
+            "prompts": len(groups)}
 
 
 def release_share(phi: np.ndarray, head: StudyHead, prompt_ids, correct, epsilon: float, n: int, *,

@@ -18,8 +18,10 @@ def bound_per_person(person, k: int, seed: int = 0) -> np.ndarray:
     if k < 1:
         raise ValueError(f"k (pairs per person) must be >= 1, got {k!r}")
     person = np.asarray(person).astype(str)
-    keep = []
-    for p in np.unique(person):
-        rows = np.flatnonzero(person == p)
-        keep.append(rows if rows.size <= k else np.sort(person_rng(seed, BOUND, p).choice(rows, k, replace=False)))
-    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, int)
+    order = np.argsort(person, kind="stable")  # each person's rows together, in the input order
+    ids, counts = np.unique(person[order], return_counts=True)
+    starts, over = np.cumsum(counts) - counts, counts > k
+    keep = [order[~np.repeat(over, counts)]]
+    for p, lo, c in zip(ids[over], starts[over], counts[over]):
+        keep.append(person_rng(seed, BOUND, p).choice(order[lo:lo + c], k, replace=False))
+    return np.sort(np.concatenate(keep))

@@ -34,7 +34,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -46,6 +46,8 @@ from ..preferences.pairs import preference_rows
 from ..preferences.persons import person_ids, roster_digest
 from ..preferences.splits import split_ids, subsample_ids
 from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
+
+MAP_ROWS = 4096  # rows that FeatureMap maps at a time (float64 of one block, never of the whole input)
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,25 @@ class FeatureMap:
         scales = np.maximum(s[:q] / math.sqrt(max(h.shape[0] - 1, 1)), 1e-12)
         return cls(mu, vt[:q], scales, float(c), float(lp_clip))
 
-    def __call__(self, raw: np.ndarray) -> np.ndarray:
-        raw = np.atleast_2d(np.asarray(raw, np.float64))
+    def with_settings(self, q: int, c: float, lp_clip: float) -> "FeatureMap":
+        """``fit(raw, q, c, lp_clip)`` on the rows this map was fitted on, for q up to its own: its first
+        q directions and scales, so that one SVD serves a grid of settings."""
+        if not 0 <= c <= 1:
+            raise ValueError(f"c must lie in [0, 1], got {c!r}")
+        return replace(self, components=self.components[:q], scales=self.scales[:q], c=float(c),
+                       lp_clip=float(lp_clip))
+
+    def __call__(self, raw) -> np.ndarray:
+        """phi of each row of ``raw``, mapped a block of rows at a time: an array (float32 or float64,
+        a memory map) is never copied whole to float64, and rows that read themselves block by block
+        (``map_rows``, as ``preference_features.CachedRows``) are read that way."""
+        if hasattr(raw, "map_rows"):
+            return raw.map_rows(self._map)
+        raw = raw if getattr(raw, "ndim", 0) == 2 else np.atleast_2d(np.asarray(raw, np.float64))
+        return np.concatenate([self._map(raw[lo:lo + MAP_ROWS]) for lo in range(0, max(len(raw), 1), MAP_ROWS)])
+
+    def _map(self, raw: np.ndarray) -> np.ndarray:
+        raw = np.asarray(raw, np.float64)
         if raw.shape[1] != 2 * self.hidden + 1:
             raise ValueError(f"raw features must have {2 * self.hidden + 1} columns, got {raw.shape[1]}")
         h = raw[:, self.hidden:2 * self.hidden]

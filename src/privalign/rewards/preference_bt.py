@@ -67,9 +67,15 @@ def accuracy_interval(correct: np.ndarray) -> tuple[float, float, float]:
     return p, float(centre - half), float(centre + half)
 
 
-def pair_correct(w: np.ndarray, fmap: FeatureMap, pairs: PreferencePairs) -> np.ndarray:
-    """1 where the head scores the chosen response above the rejected one, 0.5 on a tie, else 0."""
-    margin = (fmap(pairs.chosen) - fmap(pairs.rejected)) @ w
+def pair_diffs(fmap: FeatureMap, pairs: PreferencePairs) -> np.ndarray:
+    """phi(chosen) - phi(rejected) of each pair: a head w scores the chosen response higher where d . w > 0."""
+    return fmap(pairs.chosen) - fmap(pairs.rejected)
+
+
+def pair_correct(w: np.ndarray, diffs: np.ndarray) -> np.ndarray:
+    """1 where the head scores the chosen response above the rejected one, 0.5 on a tie, else 0
+    (``diffs`` from ``pair_diffs``)."""
+    margin = diffs @ w
     return np.where(margin > 0, 1.0, np.where(margin < 0, 0.0, 0.5))
 
 
@@ -78,12 +84,11 @@ def _bounded_diffs(fmap: FeatureMap, pairs: PreferencePairs, k: int, seed: int) 
     return fmap(pairs.chosen[keep]) - fmap(pairs.rejected[keep]), int(pairs.person.size - keep.size)
 
 
-def released_accuracies(w, fmap, pairs: PreferencePairs, sigma: float, rng: np.random.Generator,
-                        draws: int) -> np.ndarray:
-    """Pairwise accuracy of each of ``draws`` releases w + sigma Z (Z from ``rng``) on ``pairs``."""
-    d = fmap(pairs.chosen) - fmap(pairs.rejected)
+def released_accuracies(w, diffs: np.ndarray, sigma: float, rng: np.random.Generator, draws: int) -> np.ndarray:
+    """Pairwise accuracy of each of ``draws`` releases w + sigma Z (Z from ``rng``) on the pairs of
+    ``diffs`` (``pair_diffs``)."""
     z = rng.standard_normal((draws, w.size))
-    return np.mean((d @ (w + sigma * z).T) > 0, axis=0)
+    return np.mean((diffs @ (w + sigma * z).T) > 0, axis=0)
 
 
 def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9,
@@ -96,26 +101,29 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
 
     if public.persons < 2:
         raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
+    # read into memory once (the feature map's SVD needs every public row), then mapped per candidate
+    public = PreferencePairs(np.asarray(public.chosen), np.asarray(public.rejected), public.person)
     half_a, half_b = split_ids(public.person, 0.5, seed)
     in_a = np.isin(public.person, sorted(half_a))
     fit = PreferencePairs(public.chosen[in_a], public.rejected[in_a], public.person[in_a])
     score = PreferencePairs(public.chosen[~in_a], public.rejected[~in_a], public.person[~in_a])
-    raw = np.concatenate([public.chosen, public.rejected])
+    full = FeatureMap.fit(np.concatenate([public.chosen, public.rejected]), q=max(grid["components"]))
     rows, best = [], None
     for q in grid["components"]:
         for c in grid["cs"]:
             for lp_clip in grid["lp_clips"]:
-                fmap = FeatureMap.fit(raw, q=q, c=c, lp_clip=lp_clip)
+                fmap = full.with_settings(q, c, lp_clip)
                 d, _ = _bounded_diffs(fmap, fit, k, seed)
+                score_d = pair_diffs(fmap, score)
                 for lam in grid["lambdas"]:
                     w, _ = fit_bt(d, lam, g_tol, normalizer=fit.persons * k)
-                    exact = float(np.mean(pair_correct(w, fmap, score)))
+                    exact = float(np.mean(pair_correct(w, score_d)))
                     acc = exact
                     if target_epsilon is not None and persons:
                         sigma = gaussian_mechanism_noise_scale(
                             target_epsilon, certified_sensitivity(persons * k, lam, k, g_tol), 1e-6)
                         # the same seeded draws for every candidate
-                        acc = float(released_accuracies(w, fmap, score, sigma, np.random.default_rng([seed, 7]),
+                        acc = float(released_accuracies(w, score_d, sigma, np.random.default_rng([seed, 7]),
                                                         draws).mean())
                     row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc,
                            "selection_exact_accuracy": exact}
@@ -163,3 +171,39 @@ def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int =
                "certified_sensitivity": certified_sensitivity(m, row["lambda"], k, g_tol)}
     model = PolicyBTReward(w, row["lambda"], m, k, g_tol, fmap, base_model, None, name, meta, private=private)
     return model, rows
+
+
+def pairwise_share(head: PolicyBTReward, diffs: np.ndarray, epsilon: float, delta: float, draws: int = 60,
+                   seed: int = 0, persons: int | None = None) -> dict:
+    """The held-out pairwise accuracy of ``head``'s release at (epsilon, delta), over ``draws`` draws
+    from ``default_rng(seed)`` (the same Z for every ``persons``): its mean and 5th percentile, and the
+    share of the exact head's gain over chance (accuracy - 1/2) each keeps, None without a gain. With
+    ``persons`` = P', the noise is that of the same procedure on P' persons of the head's k pairs
+    (``release_noise_scale``) while w stays the head's own: what more persons buy through the noise
+    alone. ``diffs``: the held-out pairs' ``pair_diffs``."""
+    from .release import release_noise_scale
+
+    sigma = release_noise_scale(head, epsilon, delta, persons)
+    exact = float(np.mean(pair_correct(head.w, diffs)))
+    accs = released_accuracies(head.w, diffs, sigma, np.random.default_rng(seed), draws)
+    mean, p5, gain = float(accs.mean()), float(np.percentile(accs, 5)), exact - 0.5
+    share = (lambda a: (a - 0.5) / gain) if gain > 0 else (lambda a: None)
+    return {"persons": head.persons if persons is None else int(persons), "epsilon_w": float(epsilon),
+            "delta_w": float(delta), "sigma": sigma, "draws": draws, "exact": exact, "mean": mean, "p5": p5,
+            "share_mean": share(mean), "share_p5": share(p5)}
+
+
+def persons_for_pairwise_share(head: PolicyBTReward, diffs: np.ndarray, epsilon: float, delta: float,
+                               target: float = 0.9, tail: float = 0.8, draws: int = 60, seed: int = 0,
+                               most: int = 10_000) -> dict:
+    """The fewest persons P' (of the head's k pairs each) whose release at (epsilon, delta) keeps at
+    least ``target`` of the exact head's held-out gain over chance on average and ``tail`` at the 5th
+    percentile, w held fixed (``pairwise_share``): ``log_bisect`` on P' from 2 to ``most`` times the
+    head's own P, as ``release.pairs_for_share`` sizes BoN's lift on a pool. Returns {"persons" (None
+    when not even the most persons reach it, or the head has no gain), "result" (``pairwise_share``
+    there, or at the most)}."""
+    from ..evaluation.release import log_bisect, meets_target
+
+    persons, _, result = log_bisect(lambda p: pairwise_share(head, diffs, epsilon, delta, draws, seed, p),
+                                    lambda r: meets_target(r, target, tail), 2, head.persons * most, integer=True)
+    return {"persons": persons, "result": result}

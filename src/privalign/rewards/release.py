@@ -221,9 +221,9 @@ def head_phi(model: PolicyBTReward, raw: np.ndarray | None, phi: np.ndarray | No
         if raw is None:
             raise ValueError("give the raw policy features or the head's feature coordinates phi")
         return model.feature_map(raw)
-    phi = np.asarray(phi, float)
-    if phi.ndim != 2 or phi.shape[1] != model.w.size:
-        raise ValueError(f"phi must have shape (rows, {model.w.size}) for head {model.name!r}, got {phi.shape}")
+    phi, dim = np.asarray(phi, float), model.feature_map.dim
+    if phi.ndim != 2 or phi.shape[1] != dim:
+        raise ValueError(f"phi must have shape (rows, {dim}) for head {model.name!r}, got {phi.shape}")
     return phi
 
 
