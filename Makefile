@@ -166,10 +166,10 @@ release-heads: heads-large
 	  cat results/release-heads-$$t.md || exit 1; \
 	done
 
-# Issue 49 (docs/experiments.md, "The release with thousands of persons"): a deployment of 2,400
+# Issue 49 (docs/experiments.md, "The release with thousands of persons"): a deployment of 4,800
 # persons through a user's path, from the task to the figure. Counting's 148 train prompts x 256
-# samples (seed 3, about 10 min on 2 cores), a preference file of 2,400 persons in TRL's format
-# (examples/build_deployment.py), heads by rm train --preferences on 250 / 500 / 1,000 / all persons
+# samples (seed 3, about 10 min on 2 cores), a preference file of 4,800 persons in TRL's format
+# (examples/build_deployment.py), heads by rm train --preferences on 250 / 500 / 1,000 / 2,400 / all
 # (featurizing the distinct texts once, then cached), the all-persons head released once at (1, 1e-6),
 # and the study on the shipped counting test pool (its features by teacher forcing, shared with
 # `make models`): benchmarks/release_persons.py writes the table and docs/figures/release-persons.png.
@@ -178,12 +178,12 @@ deployment: $(STAMP)
 	mkdir -p $(DEPLOY) $(POOLS)
 	[ -f $(DEPLOY)/counting-train-256.parquet ] || $(BIN)/privalign generate --task counting --split train --samples 256 --seed 3 --sampler shared --out $(DEPLOY)/counting-train-256.parquet
 	$(BIN)/python examples/build_deployment.py $(DEPLOY)/counting-train-256.parquet --out $(DEPLOY)
-	for p in 250 500 1000 2400; do \
+	for p in 250 500 1000 2400 4800; do \
 	  $(BIN)/privalign rm train --preferences $(DEPLOY)/deployment.jsonl --privacy-unit user_id --public $(DEPLOY)/public.jsonl --max-persons $$p --name deploy-p$$p --out $(DEPLOY)/deploy-p$$p.json || exit 1; \
 	done
-	[ -f $(DEPLOY)/deploy-p2400.released.json ] || $(BIN)/privalign rm release $(DEPLOY)/deploy-p2400.json --epsilon 1 --delta 1e-6 --out $(DEPLOY)/deploy-p2400.released.json
-	$(BIN)/privalign rm evaluate $(DEPLOY)/deploy-p2400.json --preferences $(DEPLOY)/heldout.jsonl --release-epsilon 0.3,1,3
+	[ -f $(DEPLOY)/deploy-p4800.released.json ] || $(BIN)/privalign rm release $(DEPLOY)/deploy-p4800.json --epsilon 1 --delta 1e-6 --out $(DEPLOY)/deploy-p4800.released.json
 	cp $(DATA)/counting-smollm2.parquet $(DEPLOY)/counting-test.parquet
 	[ -f $(POOLS)/counting-test.parquet.features.npz ] || { cp $(DATA)/counting-smollm2.parquet $(POOLS)/counting-test.parquet && $(BIN)/privalign featurize $(POOLS)/counting-test.parquet; }
 	ln -sf $(abspath $(POOLS))/counting-test.parquet.features.npz $(DEPLOY)/counting-test.parquet.features.npz
-	$(BIN)/python benchmarks/release_persons.py $(DEPLOY)/counting-test.parquet $(DEPLOY)/deploy-p250.json $(DEPLOY)/deploy-p500.json $(DEPLOY)/deploy-p1000.json $(DEPLOY)/deploy-p2400.json --out $(DEPLOY)/release-persons.json --figure docs/figures | tee $(DEPLOY)/release-persons.md
+	$(BIN)/privalign rm evaluate $(DEPLOY)/deploy-p4800.json --preferences $(DEPLOY)/heldout.jsonl --pool $(DEPLOY)/counting-test.parquet --release-epsilon 0.3,1,3
+	$(BIN)/python benchmarks/release_persons.py $(DEPLOY)/counting-test.parquet $(DEPLOY)/deploy-p250.json $(DEPLOY)/deploy-p500.json $(DEPLOY)/deploy-p1000.json $(DEPLOY)/deploy-p2400.json $(DEPLOY)/deploy-p4800.json --out $(DEPLOY)/release-persons.json --figure docs/figures | tee $(DEPLOY)/release-persons.md

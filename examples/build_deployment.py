@@ -11,7 +11,7 @@ included, so that a pair's policy features are those the policy has when it answ
 - ``public.jsonl``: 150 persons (``public-NNN``) on the first 20 prompts of a fixed shuffle (seed 49):
   the data ``rm train --public`` may use without protection;
 - ``heldout.jsonl``: 300 persons (``heldout-NNN``) on the next 20 prompts, for ``rm evaluate``;
-- ``deployment.jsonl``: 2,400 persons (``user-NNNNN``) on the other 108 prompts: 85% of persons judged
+- ``deployment.jsonl``: 4,800 persons (``user-NNNNN``) on the other 108 prompts: 85% of persons judged
   one prompt and 15% two, 16 pairs each (8 a prompt for two).
 
 A person's pairs are distinct (right, wrong) pairs of distinct response texts of their prompt, drawn
@@ -32,7 +32,7 @@ from privalign.pools import load_pool
 from privalign.tasks import get_task
 
 PROMPTS = {"public": 20, "heldout": 20}  # the deployment has the rest
-PERSONS = {"public": 150, "heldout": 300, "deployment": 2400}
+PERSONS = {"public": 150, "heldout": 300, "deployment": 4800}
 PAIRS_PER_PERSON = 16
 TWO_PROMPTS = 0.15
 

@@ -355,3 +355,30 @@ def test_plan_with_preferences_refuses_bad_input_in_one_line(stub_head):
         assert res.exit_code == 2 and message in out and len(res.output.strip().splitlines()) <= 2, out
     res = CliRunner().invoke(app, ["plan", "--epsilon", "0.1"])
     assert res.exit_code == 2 and "--epsilon-total is required" in " ".join(res.output.split())
+
+
+def test_settings_are_scored_by_the_top_choice_among_a_public_prompts_responses():
+    """selection_sets: each public prompt's distinct responses, good when never rejected; a prompt
+    whose responses were all rejected somewhere is left out; the accuracy of the top choice equals a
+    loop over prompts, and on one pair per prompt it is the pairwise accuracy."""
+    from privalign.rewards.preference_bt import pair_correct, selection_sets
+
+    rng = np.random.default_rng(5)
+    texts = {name: rng.standard_normal(6) for name in ("a1", "a2", "a3", "b1", "b2", "c1", "c2")}
+    pairs = [("A", "a1", "a2"), ("A", "a1", "a3"), ("B", "b1", "b2"), ("C", "c1", "c2"), ("C", "c2", "c1")]
+    p = PreferencePairs(np.stack([texts[c] for _, c, _ in pairs]), np.stack([texts[r] for *_, r in pairs]),
+                        np.array(["u"] * 5), np.array([q for q, *_ in pairs]))
+    sets = selection_sets(p)
+    assert sets.good.sum() == 2 and len(sets.starts) == 2  # a1 and b1; prompt C left out
+    ws = rng.standard_normal((6, 200))
+    got = sets.accuracy(sets.raw @ ws)
+    for j in range(ws.shape[1]):
+        s = {name: v @ ws[:, j] for name, v in texts.items()}
+        want = np.mean([s["a1"] >= max(s["a2"], s["a3"]), s["b1"] >= s["b2"]])
+        assert got[j] == want
+    one = PreferencePairs(p.chosen[:3], p.rejected[:3] * 0 + rng.standard_normal((3, 6)), p.person[:3],
+                          np.array(["A", "B", "D"]))
+    w = rng.standard_normal(6)
+    assert selection_sets(one).accuracy((selection_sets(one).raw @ w)[:, None])[0] == \
+        np.mean(pair_correct(w, one.chosen - one.rejected))
+    assert selection_sets(PreferencePairs(p.chosen, p.rejected, p.person)) is None  # no prompts named

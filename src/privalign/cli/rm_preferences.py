@@ -52,7 +52,8 @@ def pairs_of(table, model: str, policy=None):
             shown["bar"].update(shown["job"], completed=done, total=total)
 
         chosen, rejected = featurize_table(table, policy, model, progress=show, load_policy=load)
-    return PreferencePairs(chosen, rejected, np.asarray(table.person, str)), loaded["policy"]
+    prompts = np.array([json.dumps(p, sort_keys=True, ensure_ascii=False) for p in table.prompts], object)
+    return PreferencePairs(chosen, rejected, np.asarray(table.person, str), prompts), loaded["policy"]
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
@@ -93,7 +94,8 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     console.print(f"wrote {out}: P = {d.persons} persons (privacy unit: {d_table.unit}) of at most k = {k} pairs "
                   f"each (how many were kept or dropped reads D: only the private report says), m = P k = {head.m}; "
                   f"q = {best['components']}, c = {best['c']:g}, L = {best['lp_clip']:g}, lambda = {head.lam:g} "
-                  f"chosen on the public file ({p.persons} persons; on its held-out half, pairwise accuracy "
+                  f"chosen on the public file ({p.persons} persons; on its held-out half, "
+                  f"{'pairwise accuracy' if best['selection_metric'] == 'pairwise' else 'accuracy of the top choice among a prompt' + chr(39) + 's responses'} "
                   f"{best['selection_exact_accuracy']:.3f} exact, {best['selection_accuracy']:.3f} released at "
                   f"epsilon_w {target_epsilon:g}), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "
                   f"and not protected: {public.name} and the roster of persons (guarantee.public_inputs); keep the "

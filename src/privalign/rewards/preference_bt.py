@@ -8,9 +8,10 @@ responses (``preference_features``: teacher forcing through the deployed policy)
    public file's responses, and (q, c, L, lambda) are chosen on it: its persons are split by a
    keyed hash of their ids into two halves, a candidate head is trained on one half (at most k pairs
    per person, loss normalised by P_half k, as the final head) and scored on the other by the
-   pairwise accuracy it keeps once released at (target_epsilon, 1e-6) with the final head's Delta_r
-   (mean over seeded draws; P, D's number of persons, is a public count), or exactly without a
-   target. The public file shares no row and no person with D (``preferences.trl.check_disjoint``).
+   accuracy of its top choice among each public prompt's responses (``selection_sets``: the head
+   serves selection, BoN; on a file with one pair per prompt, this is the pairwise accuracy) that it
+   keeps once released at (target_epsilon, 1e-6) with the final head's Delta_r (mean over seeded
+   draws; P, D's number of persons, is a public count), or exactly without a target. The public file shares no row and no person with D (``preferences.trl.check_disjoint``).
 2. *Contribution bounding.* Each person of D keeps at most k pairs, a uniform choice from the
    stream of (seed, person id) (``preferences.bounding``); how many lost pairs goes to the private
    report only.
@@ -41,16 +42,23 @@ DEFAULT_GRID = {"components": (4, 8, 16), "cs": (0.6, 0.8, 0.95), "lp_clips": (4
 
 @dataclass(frozen=True)
 class PreferencePairs:
-    """Raw policy features of each pair's chosen and rejected response, and the pair's person."""
+    """Raw policy features of each pair's chosen and rejected response, the pair's person, and
+    (optionally) a key of its prompt, which the public choice of settings uses to score selection."""
 
     chosen: np.ndarray    # (N, 2H + 1)
     rejected: np.ndarray  # (N, 2H + 1)
     person: np.ndarray    # (N,) str
+    prompt: np.ndarray | None = None  # (N,) str
 
     def __post_init__(self):
-        if self.chosen.shape != self.rejected.shape or self.chosen.shape[0] != len(self.person):
-            raise ValueError(f"chosen {self.chosen.shape}, rejected {self.rejected.shape} and person "
-                             f"({len(self.person)}) must describe the same pairs")
+        if self.chosen.shape != self.rejected.shape or self.chosen.shape[0] != len(self.person) or (
+                self.prompt is not None and len(self.prompt) != len(self.person)):
+            raise ValueError(f"chosen {self.chosen.shape}, rejected {self.rejected.shape}, person "
+                             f"({len(self.person)}) and prompt must describe the same pairs")
+
+    def rows(self, mask) -> "PreferencePairs":
+        return PreferencePairs(self.chosen[mask], self.rejected[mask], self.person[mask],
+                               None if self.prompt is None else self.prompt[mask])
 
     @property
     def persons(self) -> int:
@@ -91,22 +99,70 @@ def released_accuracies(w, diffs: np.ndarray, sigma: float, rng: np.random.Gener
     return np.mean((diffs @ (w + sigma * z).T) > 0, axis=0)
 
 
+@dataclass(frozen=True)
+class SelectionSets:
+    """The public prompts on which a head's top choice can be right or wrong: each prompt's distinct
+    responses (``raw``, one row each, grouped by prompt from ``starts``), and whether each was never
+    the rejected side of that prompt's pairs (``good``). Prompts whose responses are all good or all
+    rejected are left out."""
+
+    raw: np.ndarray
+    starts: np.ndarray
+    good: np.ndarray
+
+    def accuracy(self, scores: np.ndarray) -> np.ndarray:
+        """Per column of ``scores`` (one row per response: one head, or one release draw, a column),
+        the share of prompts whose highest-scored response is a good one (a tie with a good one
+        counts as right)."""
+        top = np.maximum.reduceat(scores, self.starts, axis=0)
+        good_top = np.maximum.reduceat(np.where(self.good[:, None], scores, -np.inf), self.starts, axis=0)
+        return np.mean(good_top >= top, axis=0)
+
+
+def selection_sets(pairs: PreferencePairs) -> SelectionSets | None:
+    """``SelectionSets`` of public pairs that name their prompts, or None (no prompt keys, or no prompt
+    with both a good and a rejected response). A response is identified by its features, so the same
+    text in two pairs of a prompt is one candidate; on a file with one pair per prompt the top-choice
+    accuracy is the pairwise accuracy."""
+    if pairs.prompt is None or not len(pairs.person):
+        return None
+    raw = np.concatenate([np.asarray(pairs.chosen), np.asarray(pairs.rejected)])
+    prompt = np.concatenate([pairs.prompt, pairs.prompt]).astype(str)
+    rejected = np.r_[np.zeros(len(pairs.person), bool), np.ones(len(pairs.person), bool)]
+    _, text = np.unique(raw, axis=0, return_inverse=True)
+    _, pid = np.unique(prompt, return_inverse=True)
+    keys, first, cand = np.unique(np.stack([pid, text.ravel()], 1), axis=0, return_index=True, return_inverse=True)
+    cand = cand.ravel()
+    bad = np.zeros(len(keys), bool)
+    bad[cand[rejected]] = True
+    by_prompt = keys[:, 0]
+    has_good = np.bincount(by_prompt, weights=~bad, minlength=by_prompt.max() + 1) > 0
+    has_bad = np.bincount(by_prompt, weights=bad, minlength=by_prompt.max() + 1) > 0
+    keep = (has_good & has_bad)[by_prompt]
+    if not keep.any():
+        return None
+    by_prompt, first, good = by_prompt[keep], first[keep], ~bad[keep]  # keys are sorted by prompt
+    starts = np.flatnonzero(np.r_[True, by_prompt[1:] != by_prompt[:-1]])
+    return SelectionSets(raw[first], starts, good)
+
+
 def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9,
                     persons: int | None = None, target_epsilon: float | None = 1.0, draws: int = 50):
     """Step 1 (module docstring), on the public pairs only: (the best row, its feature map, every row).
     With ``target_epsilon``, a candidate is scored as it would be released at (target_epsilon, 1e-6)
     with the noise of the final head's Delta_r (``persons`` = D's P, a public count), mean over
-    ``draws`` draws; else by its exact pairwise accuracy."""
+    ``draws`` draws; else exactly. The score is the top-choice accuracy on the public prompts
+    (``selection_sets``) when the pairs name their prompts, else the pairwise accuracy."""
     from ..accounting import gaussian_mechanism_noise_scale
 
     if public.persons < 2:
         raise ValueError(f"the public file needs at least 2 persons to choose settings on, got {public.persons}")
     # read into memory once (the feature map's SVD needs every public row), then mapped per candidate
-    public = PreferencePairs(np.asarray(public.chosen), np.asarray(public.rejected), public.person)
+    public = PreferencePairs(np.asarray(public.chosen), np.asarray(public.rejected), public.person, public.prompt)
     half_a, half_b = split_ids(public.person, 0.5, seed)
     in_a = np.isin(public.person, sorted(half_a))
-    fit = PreferencePairs(public.chosen[in_a], public.rejected[in_a], public.person[in_a])
-    score = PreferencePairs(public.chosen[~in_a], public.rejected[~in_a], public.person[~in_a])
+    fit, score = public.rows(in_a), public.rows(~in_a)
+    sets = selection_sets(score)
     full = FeatureMap.fit(np.concatenate([public.chosen, public.rejected]), q=max(grid["components"]))
     rows, best = [], None
     for q in grid["components"]:
@@ -115,18 +171,24 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
                 fmap = full.with_settings(q, c, lp_clip)
                 d, _ = _bounded_diffs(fmap, fit, k, seed)
                 score_d = pair_diffs(fmap, score)
+                phi = None if sets is None else fmap(sets.raw)
                 for lam in grid["lambdas"]:
                     w, _ = fit_bt(d, lam, g_tol, normalizer=fit.persons * k)
                     exact = float(np.mean(pair_correct(w, score_d)))
-                    acc = exact
+                    acc = exact if sets is None else float(sets.accuracy(phi @ w[:, None])[0])
+                    exact_pairwise = exact
+                    exact = acc
                     if target_epsilon is not None and persons:
                         sigma = gaussian_mechanism_noise_scale(
                             target_epsilon, certified_sensitivity(persons * k, lam, k, g_tol), 1e-6)
                         # the same seeded draws for every candidate
-                        acc = float(released_accuracies(w, score_d, sigma, np.random.default_rng([seed, 7]),
-                                                        draws).mean())
+                        rng = np.random.default_rng([seed, 7])
+                        acc = float(released_accuracies(w, score_d, sigma, rng, draws).mean() if sets is None else
+                                    sets.accuracy(phi @ (w[:, None] + sigma * rng.standard_normal((w.size, draws))))
+                                    .mean())
                     row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc,
-                           "selection_exact_accuracy": exact}
+                           "selection_exact_accuracy": exact, "selection_exact_pairwise": exact_pairwise,
+                           "selection_metric": "pairwise" if sets is None else "top-choice"}
                     rows.append(row)
                     if best is None or (acc, lam) > (best[0]["selection_accuracy"], best[0]["lambda"]):
                         best = (row, fmap)
