@@ -186,4 +186,4 @@ deployment: $(STAMP)
 	[ -f $(POOLS)/counting-test.parquet.features.npz ] || { cp $(DATA)/counting-smollm2.parquet $(POOLS)/counting-test.parquet && $(BIN)/privalign featurize $(POOLS)/counting-test.parquet; }
 	ln -sf $(abspath $(POOLS))/counting-test.parquet.features.npz $(DEPLOY)/counting-test.parquet.features.npz
 	$(BIN)/privalign rm evaluate $(DEPLOY)/deploy-p4800.json --preferences $(DEPLOY)/heldout.jsonl --pool $(DEPLOY)/counting-test.parquet --release-epsilon 0.3,1,3
-	$(BIN)/python benchmarks/release_persons.py $(DEPLOY)/counting-test.parquet $(DEPLOY)/deploy-p250.json $(DEPLOY)/deploy-p500.json $(DEPLOY)/deploy-p1000.json $(DEPLOY)/deploy-p2400.json $(DEPLOY)/deploy-p4800.json --out $(DEPLOY)/release-persons.json --figure docs/figures | tee $(DEPLOY)/release-persons.md
+	$(BIN)/python benchmarks/release_persons.py $(DEPLOY)/counting-test.parquet $(DEPLOY)/deploy-p250.json $(DEPLOY)/deploy-p500.json $(DEPLOY)/deploy-p1000.json $(DEPLOY)/deploy-p2400.json $(DEPLOY)/deploy-p4800.json --out $(DEPLOY)/release-persons.json --figure docs/figures | tee $(DEPLOY)/release-persons.md && rm -f docs/figures/release-persons.pdf
