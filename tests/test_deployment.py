@@ -66,3 +66,25 @@ def test_build_deployment_writes_disjoint_trl_files_with_many_persons(tmp_path):
     assert max(np.unique(d.person, return_counts=True)[1]) <= b.PAIRS_PER_PERSON
     for name in ("public", "heldout"):
         check_disjoint(read_preferences(tmp_path / "a" / f"{name}.jsonl", "user_id"), d)
+
+
+def test_reproduce_headline_names_the_mode_and_epsilon_w():
+    """Item 6: the release sentence says which mode a deployment should use and at what epsilon_w."""
+    from privalign.report.html import _release_sentence
+
+    def rel(shares, smallest):
+        at = {str(e): {"epsilon_w": e, "mean": 0.2 + 0.4 * m, "p5": 0.2 + 0.4 * p, "share_mean": m, "share_p5": p,
+                       "per_query_q1000": 0.25} for e, (m, p) in shares.items()}
+        return {"name": "h", "persons": 4800, "pairs_per_person": 16, "delta_w": 1e-6, "n": 16, "bon": 0.6,
+                "base": 0.2, "at": at, "smallest": smallest}
+
+    num, verdict, name = (lambda v: f"{v:.3g}"), (lambda ok: "met" if ok else "not met"), (lambda s: s)
+    met = _release_sentence(rel({0.3: (0.93, 0.76), 1.0: (1.0, 0.99)},
+                                {"epsilon_w": 0.305, "met": True, "share_mean": 0.95, "share_p5": 0.8, "draws": 60,
+                                 "bounds": [0.01, 1000]}), num, verdict, name)
+    assert "Recommended mode for a deployment with this head: release it once at epsilon_w = 0.305" in met
+    assert "per-query PrivBoN over 1,000 queries reaches 0.25" in met
+    short = _release_sentence(rel({1.0: (0.5, 0.1)}, {"epsilon_w": None, "met": False, "share_mean": 0.8,
+                                                     "share_p5": 0.5, "draws": 60, "bounds": [0.01, 1000]}),
+                              num, verdict, name)
+    assert "Recommended mode: per-query PrivBoN" in short and "plan --target-share" in short

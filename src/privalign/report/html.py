@@ -201,7 +201,25 @@ def _release_sentence(rel: dict, num, verdict, name) -> str:
             f"percentile over release draws): {shares}. Target >= 90% on average and >= 80% at the 5th "
             f"percentile at some epsilon_w: "
             + (f"{verdict(True)} from epsilon_w = {num(meets[0]['epsilon_w'])}." if meets else
-               f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}.") + _smallest_sentence(rel, num))
+               f"{verdict(False)} up to epsilon_w = {num(rows[-1]['epsilon_w'])}.") + _smallest_sentence(rel, num)
+            + _mode_sentence(rel, meets, num))
+
+
+def _mode_sentence(rel: dict, meets: list, num) -> str:
+    """Which mode a deployment with this head should use, and at what epsilon_w: the release once at
+    the smallest epsilon_w that meets the target (or the smallest on the grid that does), when one
+    does and it beats per-query PrivBoN within the same total; else per-query PrivBoN."""
+    sm = rel.get("smallest") or {}
+    eps = sm.get("epsilon_w") if sm.get("met") else (meets[0]["epsilon_w"] if meets else None)
+    if eps is None:
+        return (" Recommended mode: per-query PrivBoN (a release keeps too little of BoN's lift at these "
+                "epsilon_w; `privalign plan --target-share` says how many persons it would need).")
+    at = meets[0] if meets else min(rel["at"].values(), key=lambda r: abs(r["epsilon_w"] - eps))
+    qs = sorted(int(k[len("per_query_q"):]) for k in at if k.startswith("per_query_q"))
+    vs = (f"; within the same epsilon_w = {num(at['epsilon_w'])}, per-query PrivBoN over {qs[-1]:,} queries "
+          f"reaches {num(at[f'per_query_q{qs[-1]}'])} against the release's {num(at['mean'])}") if qs else ""
+    return (f" Recommended mode for a deployment with this head: release it once at epsilon_w = {num(eps)} "
+            f"(delta_w = {num(rel['delta_w'])}), then BoN, every query free{vs}.")
 
 
 def _smallest_sentence(rel: dict, num) -> str:
