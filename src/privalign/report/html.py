@@ -216,7 +216,7 @@ def _mode_sentence(rel: dict, meets: list, num) -> str:
                 "epsilon_w; `privalign plan --target-share` says how many persons it would need).")
     at = meets[0] if meets else min(rel["at"].values(), key=lambda r: abs(r["epsilon_w"] - eps))
     qs = sorted(int(k[len("per_query_q"):]) for k in at if k.startswith("per_query_q"))
-    vs = (f"; within the same epsilon_w = {num(at['epsilon_w'])}, per-query PrivBoN over {qs[-1]:,} queries "
+    vs = (f"; for comparison, within a total of epsilon_w = {num(at['epsilon_w'])}, per-query PrivBoN over {qs[-1]:,} queries "
           f"reaches {num(at[f'per_query_q{qs[-1]}'])} against the release's {num(at['mean'])}") if qs else ""
     return (f" Recommended mode for a deployment with this head: release it once at epsilon_w = {num(eps)} "
             f"(delta_w = {num(rel['delta_w'])}), then BoN, every query free{vs}.")
