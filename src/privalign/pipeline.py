@@ -271,10 +271,11 @@ def score_pool(path: str | Path, models: list[RewardModel], batch_size: int = 25
     raw = None
     for model in models:
         scores, n_clip = [], 0
-        if hasattr(model, "score_features") and raw is None:
+        own = getattr(model, "reads_policy_features", False)  # a head on the policy's features
+        if own and raw is None:
             raw = pool_features(pool, path)  # recorded while sampling: no second pass through the policy
         for i in range(0, len(prompts), batch_size):
-            if hasattr(model, "score_features") and raw is not None:
+            if own and raw is not None:
                 s = score_checked(_RecordedFeatures(model, raw[i:i + batch_size]), prompts[i:i + batch_size],
                                   responses[i:i + batch_size])
             else:

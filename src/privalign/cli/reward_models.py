@@ -19,8 +19,10 @@ rm_app = typer.Typer(no_args_is_help=True, help="Train reward models.")
 @rm_app.command("train")
 def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds pairs from its train split; "
                                                     "policy-bt needs it for the chat format"),
-             features: str = typer.Option("minilm", help="minilm (sentence embeddings of reference pairs) or "
-                                                         "policy (the policy's own features, from --pool)"),
+             features: Optional[str] = typer.Option(None, help="minilm (default: sentence embeddings of reference "
+                                                                 "pairs) or policy (the policy's own features, from "
+                                                                 "--pool); with --preferences: policy (default) or "
+                                                                 "embedding (sentence embeddings of each pair)"),
              pool: Optional[Path] = typer.Option(None, help="policy: a pool of graded policy samples on the TRAIN "
                                                             "prompts, generated with --features"),
              limit: Optional[int] = typer.Option(None, help="minilm: first N training problems (one pair each)"),
@@ -83,11 +85,11 @@ def rm_train(task: str = typer.Option("gsm8k", help="the task: minilm-bt builds 
             _check_release_args(release_epsilon, release_delta)
             _out_file(released_path(out), "model")
         head = train_from_preferences(preferences, privacy_unit, public, model, pairs_per_person or 16, grid, seed,
-                                      name or "policy-bt", out, release_epsilon or target_epsilon,
-                                      max_persons)
+                                      name, out, release_epsilon or target_epsilon, max_persons, features)
         if release_epsilon is not None:
             _release(head, release_epsilon, release_delta, released_path(out), out)
         return
+    features = features or "minilm"
     if features == "policy":
         if objective not in ("privbon", "release"):
             _fail(f"--objective must be 'privbon' or 'release', got {objective!r}")

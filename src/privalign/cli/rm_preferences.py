@@ -29,7 +29,8 @@ def read_table(path: Path, privacy_unit: Optional[str], option: str = "--prefere
 
 def pairs_of(table, model: str, policy=None):
     """The table's pairs with their raw policy features (cached beside the file, read from it when
-    used), and the policy: ``policy``, or the one loaded here (None when every text was cached)."""
+    used), and the policy: ``policy``, or the one loaded here (None when every text was cached).
+    ``model`` = ``embedding_bt.EMBEDDER``: the pairs' sentence embeddings instead, cached the same way."""
     from ..preference_features import featurize_table
     from ..rewards.preference_bt import PreferencePairs
 
@@ -37,8 +38,9 @@ def pairs_of(table, model: str, policy=None):
 
     def load():
         from ..backends import load_policy
+        from ..rewards.embedding_bt import EMBEDDER, EmbeddingFeaturizer
 
-        loaded["policy"] = load_policy(model)
+        loaded["policy"] = EmbeddingFeaturizer() if model == EMBEDDER else load_policy(model)
         return loaded["policy"]
     resume = ("interrupted: the features computed so far are cached beside the file; rerun the same command to "
               "resume")
@@ -57,11 +59,18 @@ def pairs_of(table, model: str, policy=None):
 
 
 def train_from_preferences(preferences: Path, privacy_unit: Optional[str], public: Optional[Path], model: str,
-                           k: int, grid: dict, seed: int, name: str, out: Path, target_epsilon: float = 1.0,
-                           max_persons: Optional[int] = None):
-    """``rm train --preferences``: read both files, check them, featurize, train, write, print."""
+                           k: int, grid: dict, seed: int, name: Optional[str], out: Path, target_epsilon: float = 1.0,
+                           max_persons: Optional[int] = None, features: Optional[str] = None):
+    """``rm train --preferences``: read both files, check them, featurize, train, write, print.
+    ``features``: policy (the default: ``model``'s features) or embedding (sentence embeddings)."""
     from ..preferences.trl import check_disjoint
+    from ..rewards.embedding_bt import EMBEDDER
     from ..rewards.preference_bt import train_preference_bt
+    features = features or "policy"
+    if features not in ("policy", "embedding"):
+        _fail(f"--features with --preferences must be 'policy' or 'embedding', got {features!r}")
+    if features == "embedding":
+        model, name = EMBEDDER, name or "embedding-bt"
     if privacy_unit is None:
         read_table(preferences, None)
     if public is None:
@@ -83,18 +92,20 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     d, policy = pairs_of(d_table, model)
     p, _ = pairs_of(p_table, model, policy)
     try:
-        head, rows = train_preference_bt(d, p, k=k, seed=seed, grid=grid, base_model=model, name=name,
-                                         privacy_unit=d_table.unit, source=str(public),
-                                         target_epsilon=target_epsilon)
+        head, rows = train_preference_bt(d, p, k=k, seed=seed, grid=grid, base_model=model,
+                                         name=name or "policy-bt", privacy_unit=d_table.unit, source=str(public),
+                                         target_epsilon=target_epsilon, features=features)
     except ValueError as e:
         _fail(str(e))
     head.save(out)
     head.save_private(private_path(out))
     best = max(rows, key=lambda r: (r["selection_accuracy"], r["lambda"]))
+    settings = (f"features: {model} sentence embeddings (a fixed map); lambda = {head.lam:g}" if features ==
+                "embedding" else f"q = {best['components']}, c = {best['c']:g}, L = {best['lp_clip']:g}, "
+                f"lambda = {head.lam:g}")
     console.print(f"wrote {out}: P = {d.persons} persons (privacy unit: {d_table.unit}) of at most k = {k} pairs "
                   f"each (how many were kept or dropped reads D: only the private report says), m = P k = {head.m}; "
-                  f"q = {best['components']}, c = {best['c']:g}, L = {best['lp_clip']:g}, lambda = {head.lam:g} "
-                  f"chosen on the public file ({p.persons} persons; on its held-out half, "
+                  f"{settings} chosen on the public file ({p.persons} persons; on its held-out half, "
                   f"{'pairwise accuracy' if best['selection_metric'] == 'pairwise' else 'accuracy of the top choice among a prompt' + chr(39) + 's responses'} "
                   f"{best['selection_exact_accuracy']:.3f} exact, {best['selection_accuracy']:.3f} released at "
                   f"epsilon_w {target_epsilon:g}), never on D; certified Delta_r = {head.sensitivity:.4g}; assumed public "

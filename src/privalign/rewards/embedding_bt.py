@@ -68,6 +68,74 @@ def pair_text(prompt: str, response: str) -> str:
     return f"{prompt}\n{response}"
 
 
+def prompt_text(messages: list[dict]) -> str:
+    """The text of a chat prompt that ``pair_text`` embeds: its messages' contents, one a line (a
+    standard prompt, one user message, is its own text, as the service passes it)."""
+    return "\n".join(str(m.get("content", "")) for m in messages)
+
+
+class EmbeddingFeaturizer:
+    """Raw features of a preference file's responses for a head on sentence embeddings: the
+    ``Embedder``'s vector of ``pair_text(prompt_text(messages), response)``, one row per response.
+    It has the policy's two methods (``preference_features.featurize_table`` caches its rows by
+    content as it caches a policy's; ``policy_bt.PolicyScoring`` scores texts with it)."""
+
+    def __init__(self, embedder: Embedder | None = None):
+        self.embedder = embedder or Embedder()
+
+    def featurize(self, messages: list[dict], responses: list[str]) -> np.ndarray:
+        return self.featurize_many([(messages, r) for r in responses])
+
+    def featurize_many(self, items) -> np.ndarray:
+        if not items:
+            return np.zeros((0, 0), np.float32)
+        return self.embedder([pair_text(prompt_text(m), r) for m, r in items]).astype(np.float32)
+
+
+class EmbeddingMap:
+    """The feature map of a head on sentence embeddings: phi = e / max(1, ||e||) for the embedding e
+    (already of norm 1 up to rounding; the clip keeps ||phi|| <= 1 exactly, and a row that is not
+    finite sits at the origin). Nothing in it is fitted, so nothing in it reads any data; it has
+    ``policy_bt.FeatureMap``'s interface (``fit`` and ``with_settings`` only check the width), and
+    ``featurizer`` says what computes its raw rows."""
+
+    kind = "embedding"
+
+    def __init__(self, dim: int, embedder: str = EMBEDDER):
+        self.dim, self.embedder = int(dim), embedder
+
+    @classmethod
+    def fit(cls, raw, q=None, c=None, lp_clip=None) -> "EmbeddingMap":
+        return cls(raw.shape[1])
+
+    def with_settings(self, q=None, c=None, lp_clip=None) -> "EmbeddingMap":
+        return self
+
+    def featurizer(self) -> EmbeddingFeaturizer:
+        return EmbeddingFeaturizer()
+
+    def __call__(self, raw) -> np.ndarray:
+        if hasattr(raw, "map_rows"):
+            return raw.map_rows(self._map)
+        return self._map(np.atleast_2d(np.asarray(raw, np.float64)))
+
+    def _map(self, raw) -> np.ndarray:
+        e = np.asarray(raw, np.float64)
+        if e.shape[1] != self.dim:
+            raise ValueError(f"embedding features must have {self.dim} columns, got {e.shape[1]}")
+        e = np.where(np.isfinite(e).all(axis=1, keepdims=True), e, 0.0)
+        return e / np.maximum(1.0, np.linalg.norm(e, axis=1, keepdims=True))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "embedder": self.embedder, "dim": self.dim}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EmbeddingMap":
+        if d.get("embedder", EMBEDDER) != EMBEDDER:
+            raise ValueError(f"unknown sentence embedder {d.get('embedder')!r}: privalign ships {EMBEDDER}")
+        return cls(int(d["dim"]), d.get("embedder", EMBEDDER))
+
+
 def fit_bt(d: np.ndarray, lam: float, g_tol: float = 1e-9, normalizer: int | None = None) -> tuple[np.ndarray, float]:
     """Minimise F(w) = (1/N) sum_i log(1 + exp(-w . d_i)) + (lambda/2) ||w||^2 to ||grad F|| <= g_tol;
     returns (w, achieved gradient norm). N is the number of pairs unless ``normalizer`` fixes it (the

@@ -45,7 +45,7 @@ from ..preferences.bounding import bound_per_person
 from ..preferences.pairs import preference_rows
 from ..preferences.persons import person_ids, roster_digest
 from ..preferences.splits import split_ids, subsample_ids
-from .embedding_bt import CertifiedBT, bt_output_range, certified_sensitivity, fit_bt
+from .embedding_bt import CertifiedBT, EmbeddingMap, bt_output_range, certified_sensitivity, fit_bt
 
 MAP_ROWS = 4096  # rows that FeatureMap maps at a time (float64 of one block, never of the whole input)
 
@@ -119,6 +119,12 @@ class FeatureMap:
         return cls(np.array(d["mu"]), np.array(d["components"]), np.array(d["scales"]), d["c"], d["lp_clip"])
 
 
+def feature_map_from_dict(d: dict):
+    """The feature map a head's file records: a ``FeatureMap`` of policy features, or the
+    ``embedding_bt.EmbeddingMap`` of a head on sentence embeddings (``"kind": "embedding"``)."""
+    return EmbeddingMap.from_dict(d) if d.get("kind") == EmbeddingMap.kind else FeatureMap.from_dict(d)
+
+
 class PolicyFeaturizer(Protocol):
     """What a policy-bt head needs from its base model: the raw features of each response to one
     chat prompt, by teacher forcing (float32, one row per response). ``backends.TransformersGenerator``
@@ -146,7 +152,16 @@ class PolicyScoring:
         self._generator = None
         return self
 
+    @property
+    def reads_policy_features(self) -> bool:
+        """Whether the head's raw features are its base policy's (a pool's recorded features fit it);
+        False for a head on sentence embeddings, whose feature map embeds the texts itself."""
+        return not hasattr(self.feature_map, "featurizer")
+
     def _policy(self) -> PolicyFeaturizer:
+        own = getattr(self.feature_map, "featurizer", None)  # a head on sentence embeddings embeds them itself
+        if self._generator is None and own is not None:
+            self._generator = own()
         if self._generator is None:
             if self.policy_loader is None:
                 raise RuntimeError(f"{self.name}: scoring texts needs the base model {self.base_model!r}; attach "
@@ -187,6 +202,9 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
         self._generator = None
 
     def hyperparameters(self) -> str:
+        if self.meta.get("source") == "preferences" and self.meta.get("features") == "embedding":
+            return ("lambda chosen on the public preference file only (--public); the feature map is the fixed "
+                    "sentence embedding (nothing fitted); the final head trained once on D with that lambda")
         if self.meta.get("source") == "preferences":
             return ("(q, c, L, lambda) and the feature map chosen on the public preference file only (--public); the "
                     "final head trained once on D with those fixed settings")
@@ -240,7 +258,7 @@ class PolicyBTReward(PolicyScoring, CertifiedBT):
         if body.get("kind") != "policy-bt":
             raise ValueError(f"{path} is not a policy-bt reward model")
         return cls(np.array(body["w"]), body["lambda"], body["m"], body["pairs_per_person"], body["g_tol"],
-                   FeatureMap.from_dict(body["feature_map"]), body.get("base_model", "smollm2"), body.get("task"),
+                   feature_map_from_dict(body["feature_map"]), body.get("base_model", "smollm2"), body.get("task"),
                    body.get("name", "policy-bt"), body.get("meta"), body.get("output_range"),
                    body.get("range_epsilon", 0.0))
 

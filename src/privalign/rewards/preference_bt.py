@@ -21,6 +21,11 @@ responses (``preference_features``: teacher forcing through the deployed policy)
 
 The head is a ``PolicyBTReward`` (unit: person), so ``rm release``, ``privalign serve`` and the
 planner take it as they take a head trained on privalign's own pools.
+
+With ``features="embedding"`` the raw features are sentence embeddings of each pair
+(``embedding_bt.EmbeddingFeaturizer``: all-MiniLM-L6-v2 of "prompt\nresponse") and the feature map is
+``embedding_bt.EmbeddingMap``, which fits nothing: step 1 chooses lambda alone on the public file,
+and steps 2-3 and the certificate are the same (||phi|| <= 1).
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ import numpy as np
 from ..preferences.bounding import bound_per_person
 from ..preferences.persons import roster_digest
 from ..preferences.splits import split_ids
-from .embedding_bt import certified_sensitivity, fit_bt
+from .embedding_bt import EmbeddingMap, certified_sensitivity, fit_bt
 from .policy_bt import FeatureMap, PolicyBTReward
 
 DEFAULT_GRID = {"components": (4, 8, 16), "cs": (0.6, 0.8, 0.95), "lp_clips": (4.0,),
                 "lambdas": (0.01, 0.03, 0.1, 0.3, 1.0)}
+EMBEDDING_GRID = {"components": (None,), "cs": (None,), "lp_clips": (None,)}  # EmbeddingMap has no settings
+FEATURE_MAPS = {"policy": FeatureMap, "embedding": EmbeddingMap}
 
 
 @dataclass(frozen=True)
@@ -147,12 +154,14 @@ def selection_sets(pairs: PreferencePairs) -> SelectionSets | None:
 
 
 def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_tol: float = 1e-9,
-                    persons: int | None = None, target_epsilon: float | None = 1.0, draws: int = 50):
+                    persons: int | None = None, target_epsilon: float | None = 1.0, draws: int = 50,
+                    map_type=FeatureMap):
     """Step 1 (module docstring), on the public pairs only: (the best row, its feature map, every row).
     With ``target_epsilon``, a candidate is scored as it would be released at (target_epsilon, 1e-6)
     with the noise of the final head's Delta_r (``persons`` = D's P, a public count), mean over
     ``draws`` draws; else exactly. The score is the top-choice accuracy on the public prompts
-    (``selection_sets``) when the pairs name their prompts, else the pairwise accuracy."""
+    (``selection_sets``) when the pairs name their prompts, else the pairwise accuracy. ``map_type``
+    (``FEATURE_MAPS``) is fitted on the public rows."""
     from ..accounting import gaussian_mechanism_noise_scale
 
     if public.persons < 2:
@@ -163,7 +172,7 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
     in_a = np.isin(public.person, sorted(half_a))
     fit, score = public.rows(in_a), public.rows(~in_a)
     sets = selection_sets(score)
-    full = FeatureMap.fit(np.concatenate([public.chosen, public.rejected]), q=max(grid["components"]))
+    full = map_type.fit(np.concatenate([public.chosen, public.rejected]), q=max(grid["components"]))
     rows, best = [], None
     for q in grid["components"]:
         for c in grid["cs"]:
@@ -198,20 +207,26 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
 def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int = 16, seed: int = 0,
                         grid: dict | None = None, g_tol: float = 1e-9, base_model: str = "smollm2",
                         name: str = "policy-bt", privacy_unit: str = "person", source: str = "",
-                        target_epsilon: float | None = 1.0) -> tuple[PolicyBTReward, list[dict]]:
-    """Steps 1-3 (module docstring): the certified head on D and the public choice's rows."""
+                        target_epsilon: float | None = 1.0, features: str = "policy"
+                        ) -> tuple[PolicyBTReward, list[dict]]:
+    """Steps 1-3 (module docstring): the certified head on D and the public choice's rows. ``features``:
+    ``policy`` (raw policy features) or ``embedding`` (sentence embeddings; lambda alone is chosen)."""
     if k < 1:
         raise ValueError(f"max_pairs_per_person (k) must be >= 1, got {k!r}")
     if d.persons < 2:
         raise ValueError(f"the preference data need at least 2 persons, got {d.persons}")
-    grid = {**DEFAULT_GRID, **{key: tuple(v) for key, v in (grid or {}).items() if v}}
-    row, fmap, rows = choose_settings(public, grid, k, seed, g_tol, d.persons, target_epsilon)
+    if features not in FEATURE_MAPS:
+        raise ValueError(f"features must be one of {sorted(FEATURE_MAPS)}, got {features!r}")
+    grid = {**DEFAULT_GRID, **{key: tuple(v) for key, v in (grid or {}).items() if v},
+            **(EMBEDDING_GRID if features == "embedding" else {})}
+    row, fmap, rows = choose_settings(public, grid, k, seed, g_tol, d.persons, target_epsilon,
+                                      map_type=FEATURE_MAPS[features])
     diffs, dropped = _bounded_diffs(fmap, d, k, seed)
     m = d.persons * k
     w, g = fit_bt(diffs, row["lambda"], g_tol, normalizer=m)
     unit_text = ("each row (one preference pair) is its own person (--privacy-unit row)" if privacy_unit == "row"
                  else f"everyone named by one value of the column {privacy_unit!r}: all of their rows")
-    meta = {"task": None, "source": "preferences", "persons": d.persons, "privacy_unit": privacy_unit,
+    meta = {"task": None, "source": "preferences", "features": features, "persons": d.persons, "privacy_unit": privacy_unit,
             "person_definition": unit_text, "components": row["components"], "c": row["c"],
             "lp_clip": row["lp_clip"], "selection_accuracy": row["selection_accuracy"],
             "public_persons": public.persons, "public_pairs": int(public.person.size),
@@ -220,8 +235,10 @@ def train_preference_bt(d: PreferencePairs, public: PreferencePairs, *, k: int =
                           **{key: list(v) for key, v in grid.items()}},
             "public_inputs": {
                 "public_file": source or "the --public preference file: every row of it, unprotected",
-                "public_use": "fits the feature map (mu, components, scales, published in a released file) and "
-                              "chooses (q, c, L, lambda); the curator must hold its persons' consent or use public data",
+                "public_use": ("chooses lambda (the sentence-embedding feature map fits nothing)" if features ==
+                               "embedding" else "fits the feature map (mu, components, scales, published in a "
+                               "released file) and chooses (q, c, L, lambda)") + "; the curator must hold its "
+                              "persons' consent or use public data",
                 "person_ids": {"count": d.persons, "blake2b": roster_digest(d.person),
                                "use": "the roster of D's persons: it fixes P and each person's stream"},
                 "seed": seed, "settings_grid": "the candidate (q, c, L, lambda) and k, chosen by the operator"},

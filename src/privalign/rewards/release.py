@@ -30,7 +30,7 @@ import numpy as np
 
 from .._validation import as_generator
 from .base import RewardModel
-from .policy_bt import FeatureMap, PolicyBTReward, PolicyScoring
+from .policy_bt import FeatureMap, PolicyBTReward, PolicyScoring, feature_map_from_dict
 
 if TYPE_CHECKING:
     from ..evaluation.release import StudyHead
@@ -133,7 +133,7 @@ class ReleasedHead(PolicyScoring, RewardModel):
         body = json.loads(Path(path).read_text())
         if body.get("kind") != RELEASED_KIND:
             raise ValueError(f"{path} is not a released head (kind {body.get('kind')!r})")
-        return cls(np.array(body["w_tilde"]), FeatureMap.from_dict(body["feature_map"]), body["guarantee"],
+        return cls(np.array(body["w_tilde"]), feature_map_from_dict(body["feature_map"]), body["guarantee"],
                    body.get("base_model", "smollm2"), body.get("task"), body.get("name", "policy-bt-released"))
 
 
