@@ -154,3 +154,17 @@ def test_bad_features_with_preferences_is_one_line(files, tmp_path):
                                    str(public), "--features", "pixels", "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "must be 'policy' or 'embedding'" in " ".join(res.output.split()), res.output
     assert not list(tmp_path.glob("x*"))
+
+
+def test_rm_evaluate_reads_an_embedding_head_on_held_out_pairs(trained, tmp_path):
+    from .test_rm_preferences import _slice
+
+    model, head, _ = trained
+    heldout = _slice("preferences-heldout-example.jsonl", tmp_path / "heldout.jsonl", 3)
+    res = CliRunner().invoke(app, ["rm", "evaluate", str(model), "--preferences", str(heldout), "--release-epsilon",
+                                   "1,10", "--draws", "20", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]
+    assert 0 <= r["exact"]["lo"] <= r["exact"]["accuracy"] <= r["exact"]["hi"] <= 1
+    assert "logprob_alone" not in r  # an embedding has no log-probability coordinate
+    assert r["releases"][0]["sigma"] > r["releases"][1]["sigma"]

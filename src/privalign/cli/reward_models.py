@@ -243,7 +243,8 @@ def _public_names(inputs) -> str:
 
 
 @rm_app.command("release")
-def rm_release(model: Path = typer.Argument(..., help="a certified policy-bt model (the operator's exact file)"),
+def rm_release(model: Path = typer.Argument(..., help="a certified policy-bt model, on policy features or on "
+                                                    "sentence embeddings (the operator's exact file)"),
                epsilon: float = typer.Option(..., help="epsilon_w of the one-time release"),
                delta: float = typer.Option(..., help="delta_w of the one-time release (below 1/P)"),
                out: Path = typer.Option(..., help="the released head (JSON): publishable"),

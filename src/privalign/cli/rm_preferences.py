@@ -185,11 +185,12 @@ def evaluate_head(head_path: Path, preferences: Path, privacy_unit: str, release
     pairs, _ = pairs_of(read_table(preferences, privacy_unit), head.base_model)
     diffs = pair_diffs(head.feature_map, pairs)
     acc = accuracy_interval(pair_correct(w, diffs))
-    lp = pairs.chosen[:, -1] - pairs.rejected[:, -1]
     out = {"head": str(head_path), "pairs": int(pairs.person.size), "exact" if exact else "released":
-           dict(zip(("accuracy", "lo", "hi"), acc)),
-           "logprob_alone": dict(zip(("accuracy", "lo", "hi"), accuracy_interval(np.where(lp > 0, 1.0, np.where(
-               lp < 0, 0.0, 0.5))))), "releases": []}
+           dict(zip(("accuracy", "lo", "hi"), acc)), "releases": []}
+    if head.reads_policy_features:  # the last raw coordinate is the log-probability (not of an embedding)
+        lp = pairs.chosen[:, -1] - pairs.rejected[:, -1]
+        out["logprob_alone"] = dict(zip(("accuracy", "lo", "hi"), accuracy_interval(np.where(
+            lp > 0, 1.0, np.where(lp < 0, 0.0, 0.5)))))
     rng = np.random.default_rng(seed)
     for eps in eps_list:
         sigma = release_noise_scale(head, eps, release_delta)
