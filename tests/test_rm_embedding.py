@@ -120,6 +120,10 @@ def test_an_embedding_head_is_released_scored_and_served(trained, tmp_path):
     pool.columns["response"] = np.array([f"It is {2 * i + s}." for i, s in zip(pool.columns["prompt_id"],
                                                                                pool.columns["sample_id"])], object)
     pool.save(tmp_path / "pool.parquet")
+    from privalign.pipeline import features_path, save_features
+
+    save_features(features_path(tmp_path / "pool.parquet"), np.ones((6, 9), np.float32), pool.columns["prompt_id"],
+                  pool.columns["sample_id"])  # recorded policy features: the embedding head does not read them
     res = runner.invoke(app, ["score", str(tmp_path / "pool.parquet"), "--reward", f"policy-bt:{rel}"])
     assert res.exit_code == 0, res.output
     from privalign.pools import load_pool
@@ -168,3 +172,10 @@ def test_rm_evaluate_reads_an_embedding_head_on_held_out_pairs(trained, tmp_path
     assert 0 <= r["exact"]["lo"] <= r["exact"]["accuracy"] <= r["exact"]["hi"] <= 1
     assert "logprob_alone" not in r  # an embedding has no log-probability coordinate
     assert r["releases"][0]["sigma"] > r["releases"][1]["sigma"]
+    from privalign.simulate import simulate
+
+    simulate("hackable", 2, 3, seed=1).save(tmp_path / "pool.parquet")
+    res = CliRunner().invoke(app, ["rm", "evaluate", str(model), "--preferences", str(heldout), "--pool",
+                                   str(tmp_path / "pool.parquet")])
+    out = " ".join(res.output.split())
+    assert res.exit_code == 2 and "reads sentence embeddings" in out and len(res.output.strip().splitlines()) <= 3, out

@@ -208,6 +208,9 @@ def pool_head_phi(head, pool: Pool, pool_path: str | Path) -> np.ndarray:
     released head, those of the exact head it was drawn from). A one-line ValueError when neither."""
     from .rewards.release import head_phi
 
+    if not getattr(head, "reads_policy_features", True):
+        raise ValueError(f"head {head.name!r} reads sentence embeddings, not a pool's policy features: BoN on "
+                         f"{pool_path} needs a head on its policy's features")
     raw = pool_features(pool, pool_path)
     if raw is not None:
         return head_phi(head, raw)
