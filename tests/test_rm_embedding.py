@@ -157,6 +157,10 @@ def test_bad_features_with_preferences_is_one_line(files, tmp_path):
     res = CliRunner().invoke(app, ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id", "--public",
                                    str(public), "--features", "pixels", "--out", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "must be 'policy' or 'embedding'" in " ".join(res.output.split()), res.output
+    res = CliRunner().invoke(app, ["rm", "train", "--preferences", str(mine), "--privacy-unit", "user_id", "--public",
+                                   str(public), "--features", "embedding", "--components", "4", "--out",
+                                   str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "--components apply to policy features" in " ".join(res.output.split()), res.output
     assert not list(tmp_path.glob("x*"))
 
 

@@ -70,6 +70,9 @@ def train_from_preferences(preferences: Path, privacy_unit: Optional[str], publi
     if features not in ("policy", "embedding"):
         _fail(f"--features with --preferences must be 'policy' or 'embedding', got {features!r}")
     if features == "embedding":
+        fixed = [f"--{key.replace('_', '-')}" for key in ("components", "cs", "lp_clips") if grid.get(key)]
+        if fixed:
+            _fail(f"--features embedding has no feature map to set: {', '.join(fixed)} apply to policy features")
         model, name = EMBEDDER, name or "embedding-bt"
     if privacy_unit is None:
         read_table(preferences, None)
