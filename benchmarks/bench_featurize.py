@@ -7,7 +7,8 @@ The texts are a deployment's: the shipped counting test pool's first ``--prompts
 chat prompt with its worked examples) and each prompt's distinct responses, written as a TRL file of
 pairs. The baseline renders each (prompt, response) through the chat template, tokenizes batches of 32
 texts of similar length with padding, and calls the model once a batch (``model(**batch)``: logits at
-every position, what a user would write). privalign's path computes each distinct text once, runs a
+every position, what a user would write; and, as a second baseline, the base model's last hidden
+states only). privalign's path computes each distinct text once, runs a
 prompt's responses after one shared pass over the prompt (4 or more a prompt) and reads the last hidden
 states, their mean and the log-probability (the raw features of a policy-bt head). Prints texts/s of
 each and the ratio.
@@ -41,7 +42,7 @@ def _texts(prompts: int):
     return out
 
 
-def plain_forward(model, tokenizer, items, batch: int = 32) -> float:
+def plain_forward(model, tokenizer, items, batch: int = 32, logits: bool = True) -> float:
     import torch
 
     texts = [tokenizer.apply_chat_template(m + [{"role": "assistant", "content": r}], tokenize=False)
@@ -53,7 +54,7 @@ def plain_forward(model, tokenizer, items, batch: int = 32) -> float:
     with torch.no_grad():
         for lo in range(0, len(texts), batch):
             enc = tokenizer(texts[lo:lo + batch], padding=True, return_tensors="pt", add_special_tokens=False)
-            model(**enc)
+            (model if logits else model.model)(**enc)  # without logits: the last hidden states only
     return len(texts) / (time.perf_counter() - t0)
 
 
@@ -94,9 +95,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(a.repeat):
             base = plain_forward(policy.model, policy.tokenizer, items)
+            hidden = plain_forward(policy.model, policy.tokenizer, items, logits=False)
             ours = privalign_featurize(policy, items, Path(tmp))
-            print(f"run {run + 1}: plain HF forward {base:.1f} texts/s, privalign featurize {ours:.1f} texts/s, "
-                  f"ratio {ours / base:.2f}")
+            print(f"run {run + 1}: plain HF forward {base:.1f} texts/s (hidden states only {hidden:.1f}), privalign "
+                  f"featurize {ours:.1f} texts/s: ratio {ours / base:.2f} ({ours / hidden:.2f})")
 
 
 if __name__ == "__main__":
