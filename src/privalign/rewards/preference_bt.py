@@ -190,10 +190,11 @@ def choose_settings(public: PreferencePairs, grid: dict, k: int, seed: int, g_to
                     if target_epsilon is not None and persons:
                         sigma = gaussian_mechanism_noise_scale(
                             target_epsilon, certified_sensitivity(persons * k, lam, k, g_tol), 1e-6)
-                        # the same seeded draws for every candidate
+                        # the same seeded draws for every candidate, and for both scores (so that on one
+                        # pair a prompt the top choice and the pairwise accuracy choose alike)
                         rng = np.random.default_rng([seed, 7])
                         acc = float(released_accuracies(w, score_d, sigma, rng, draws).mean() if sets is None else
-                                    sets.accuracy(phi @ (w[:, None] + sigma * rng.standard_normal((w.size, draws))))
+                                    sets.accuracy(phi @ (w[:, None] + sigma * rng.standard_normal((draws, w.size)).T))
                                     .mean())
                     row = {"components": q, "c": c, "lp_clip": lp_clip, "lambda": lam, "selection_accuracy": acc,
                            "selection_exact_accuracy": exact, "selection_exact_pairwise": exact_pairwise,
