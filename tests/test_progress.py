@@ -42,7 +42,10 @@ def test_a_command_off_a_terminal_prints_progress_lines(tmp_path):
 
 
 def _interrupt(args, env, first_line, timeout=240):
-    p = subprocess.Popen([*CLI, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    # the child takes Ctrl-C as a user's terminal would, even when this suite runs as a background job
+    # (whose shell starts it with SIGINT ignored, which a child inherits and Python then keeps)
+    p = subprocess.Popen([*CLI, *args], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     t0 = time.monotonic()
     for line in p.stderr:
