@@ -88,3 +88,7 @@ def test_reproduce_headline_names_the_mode_and_epsilon_w():
                                                      "share_p5": 0.5, "draws": 60, "bounds": [0.01, 1000]}),
                               num, verdict, name)
     assert "Recommended mode: per-query PrivBoN" in short and "plan --target-share" in short
+    far = _release_sentence(rel({1.0: (0.5, 0.1), 10.0: (0.8, 0.5)},
+                                {"epsilon_w": 26.2, "met": True, "share_mean": 0.95, "share_p5": 0.8, "draws": 60,
+                                 "bounds": [0.01, 1000]}), num, verdict, name)
+    assert "Recommended mode: per-query PrivBoN" in far and "would need epsilon_w = 26.2" in far

@@ -207,13 +207,15 @@ def _release_sentence(rel: dict, num, verdict, name) -> str:
 
 def _mode_sentence(rel: dict, meets: list, num) -> str:
     """Which mode a deployment with this head should use, and at what epsilon_w: the release once at
-    the smallest epsilon_w that meets the target (or the smallest on the grid that does), when one
-    does and it beats per-query PrivBoN within the same total; else per-query PrivBoN."""
+    the smallest epsilon_w that meets the target (or the smallest on the grid that does), when that is
+    within the largest epsilon_w studied; else per-query PrivBoN."""
     sm = rel.get("smallest") or {}
+    largest = max(r["epsilon_w"] for r in rel["at"].values())
     eps = sm.get("epsilon_w") if sm.get("met") else (meets[0]["epsilon_w"] if meets else None)
-    if eps is None:
-        return (" Recommended mode: per-query PrivBoN (a release keeps too little of BoN's lift at these "
-                "epsilon_w; `privalign plan --target-share` says how many persons it would need).")
+    if eps is None or eps > largest:  # beyond the study's largest epsilon_w: no privacy worth the name
+        need = "" if eps is None else f" (it would need epsilon_w = {num(eps)}, above the largest studied, {num(largest)})"
+        return (f" Recommended mode: per-query PrivBoN: a release keeps too little of BoN's lift at these "
+                f"epsilon_w{need}; `privalign plan --target-share` says how many persons it would need.")
     at = meets[0] if meets else min(rel["at"].values(), key=lambda r: abs(r["epsilon_w"] - eps))
     qs = sorted(int(k[len("per_query_q"):]) for k in at if k.startswith("per_query_q"))
     vs = (f"; for comparison, within a total of epsilon_w = {num(at['epsilon_w'])}, per-query PrivBoN over {qs[-1]:,} queries "
